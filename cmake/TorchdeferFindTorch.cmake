@@ -1,0 +1,25 @@
+# Finds LibTorch. Without a Torch_DIR or CMAKE_PREFIX_PATH that already has it, asks the Python on
+# PATH where its `torch` package keeps the CMake files (torch.utils.cmake_prefix_path), so a plain
+# `cmake -B build` works wherever `pip install torch` did.
+macro(torchdefer_find_torch)
+  find_package(Torch QUIET)
+  if(NOT Torch_FOUND)
+    find_package(Python3 COMPONENTS Interpreter REQUIRED)
+    execute_process(
+      COMMAND "${Python3_EXECUTABLE}" -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+      OUTPUT_VARIABLE _torchdefer_torch_prefix
+      OUTPUT_STRIP_TRAILING_WHITESPACE
+      RESULT_VARIABLE _torchdefer_torch_result)
+    if(NOT _torchdefer_torch_result EQUAL 0)
+      message(FATAL_ERROR
+        "torchdefer needs LibTorch. Install PyTorch (pip install torch==2.13.0) or pass "
+        "-DCMAKE_PREFIX_PATH=<libtorch>/share/cmake.")
+    endif()
+    list(APPEND CMAKE_PREFIX_PATH "${_torchdefer_torch_prefix}")
+    find_package(Torch REQUIRED)
+  endif()
+  if(Torch_VERSION VERSION_LESS 2.11)
+    message(WARNING "torchdefer is tested with LibTorch 2.11 and 2.13; found ${Torch_VERSION}.")
+  endif()
+  message(STATUS "torchdefer: LibTorch ${Torch_VERSION} from ${Torch_DIR}")
+endmacro()

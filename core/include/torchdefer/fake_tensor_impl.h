@@ -1,0 +1,77 @@
+// FakeTensorImpl is the TensorImpl behind every fake tensor. The recorder and the replay engine
+// use it to find a fake's storage identity and, at materialization, to turn it real in place.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/TensorImpl.h>
+
+namespace torchdefer {
+
+// Note [Fake tensors are meta shadows with a device]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A fake tensor is a FakeTensorImpl that owns a *meta-device shadow*: an ordinary meta tensor
+// with the fake's sizes, strides, storage offset and dtype. The fake itself reports the device the
+// user asked for (cuda:0 on a machine with no GPU is fine: nothing ever asks the driver) and
+// carries kFakeKey, so every op on it reaches the Fake fallback (fake_fallback.cpp) after
+// autograd and ADInplaceOrView have run on the fake as on any tensor. The fallback swaps each
+// fake for its shadow, runs the op's meta kernel, and wraps each new meta output as a fake.
+//
+// The shadow is what makes aliasing real. A view of a fake is computed as the same view of the
+// shadow, so the two shadows share one meta StorageImpl; that StorageImpl *is* the storage
+// identity of the fake (storage_identity()). In-place writes through a view land on the same
+// identity as writes to the base, which is what the recorder's write histories key on.
+//
+// The fake's own `storage_` stays empty, and storage/data access throws a message that names the
+// tensor (TensorImpl's custom error-message hook). A FakeTensorImpl can turn real in place:
+// shallow_copy_from() a real TensorImpl takes over that tensor's storage, drops kFakeKey and the
+// shadow, and from then on this object behaves exactly like a plain TensorImpl, so every
+// at::Tensor and module member that holds it sees the real tensor.
+class FakeTensorImpl final : public c10::TensorImpl {
+ public:
+  // `meta` must be a tensor on the meta device; `device` is the device the fake reports.
+  FakeTensorImpl(at::Tensor meta, c10::Device device);
+
+  // The meta shadow (undefined once this tensor turned real).
+  const at::Tensor& meta() const { return meta_; }
+
+  // The device this fake reports.
+  c10::Device fake_device() const { return device_; }
+
+  // Two fakes alias exactly when their storage identities are equal.
+  const c10::StorageImpl* storage_identity() const;
+
+  // Re-reads sizes, strides and offset from the shadow after an op changed it in place
+  // (resize_, set_, as_strided_, ...).
+  void sync_from_meta();
+
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      const c10::VariableVersion& version_counter,
+      bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const override;
+  void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
+
+ protected:
+  const char* tensorimpl_type_name() const override { return "torchdefer::FakeTensorImpl"; }
+
+ private:
+  template <typename VersionCounter>
+  c10::intrusive_ptr<c10::TensorImpl> detached_copy(VersionCounter&& version_counter,
+                                                    bool allow_tensor_metadata_change) const;
+  void refresh_access_errors();
+
+  at::Tensor meta_;
+  c10::Device device_;
+};
+
+// The FakeTensorImpl behind `t`, or nullptr if `t` is not a fake.
+FakeTensorImpl* fake_impl(const at::TensorBase& t) noexcept;
+
+// Wraps a meta tensor as a fake tensor that reports `device` (see the Note above).
+at::Tensor make_fake(at::Tensor meta, c10::Device device);
+
+// `device` as a fake reports it: CUDA and other accelerators without an index get index 0.
+c10::Device normalize_fake_device(c10::Device device);
+
+}  // namespace torchdefer

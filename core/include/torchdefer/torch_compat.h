@@ -1,0 +1,29 @@
+// The one place where torchdefer meets the parts of LibTorch that differ between the versions it
+// supports (2.11 on the GPU machines, 2.13 here); everything else is written against this header.
+#pragma once
+
+#include <c10/core/DispatchKey.h>
+
+namespace torchdefer {
+
+// Note [Dispatch keys]
+// ~~~~~~~~~~~~~~~~~~~~
+// torchdefer needs two dispatcher keys that core PyTorch does not use itself:
+//
+//  * kFakeKey sits *below* autograd and ADInplaceOrView (LibTorch's `Fake`, next to `Python`).
+//    Every fake tensor carries it, so autograd, view tracking and version counters run on fakes
+//    exactly as on real tensors, and only the computation itself is replaced by its meta-device
+//    shadow (see Note [Fake tensors are meta shadows with a device]).
+//  * kDeferredInitKey sits *above* autograd (LibTorch's `DeferredInit`, reserved for deferred
+//    module initialization). The recorder uses it to see each operator before any composite
+//    decomposition.
+//
+// Both keys exist in every LibTorch 2.x the project supports; CMake checks that at configure time
+// (cmake/TorchdeferDispatchKeys.cmake), so a LibTorch that dropped one fails the build with a
+// message instead of failing here. PyTorch 2.13 gives `Fake` to its own nascent C++ FakeTensor
+// mode (TensorImpl::is_fake(), set_fake_device()) but registers no kernel or fallback for it;
+// torchdefer registers the fallback. No other file names these keys.
+inline constexpr c10::DispatchKey kFakeKey = c10::DispatchKey::Fake;
+inline constexpr c10::DispatchKey kDeferredInitKey = c10::DispatchKey::DeferredInit;
+
+}  // namespace torchdefer

@@ -1,0 +1,6 @@
+// torchdefer: deferred model initialization for LibTorch. Build a model of any size without
+// allocating it, then materialize exactly the part each rank needs. Include this one header.
+#pragma once
+
+#include <torchdefer/fake_tensor.h>
+#include <torchdefer/version.h>

@@ -1,0 +1,382 @@
+// The boxed fallback registered for kFakeKey: runs every operator on fake tensors as the same
+// operator on their meta shadows, and wraps the results as fakes on the right device.
+#include <torchdefer/fake_tensor.h>
+#include <torchdefer/fake_tensor_impl.h>
+#include <torchdefer/torch_compat.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace torchdefer {
+namespace {
+
+// Note [The Fake fallback]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Every op that has a fake tensor among its arguments, and every factory called under a FakeMode,
+// reaches fake_fallback() after autograd and ADInplaceOrView ran above it (Note [Dispatch keys]).
+// The fallback never touches data. It
+//
+//  1. refuses data-dependent ops (item, nonzero, unique, ...) with a message naming the op and the
+//     tensor: their result depends on values a fake does not have;
+//  2. refuses writes of fake results into real tensors (`real.add_(fake)`): the real tensor would
+//     end up with values nobody computed;
+//  3. decides the output device the way a real kernel would: an explicit `device=` argument wins,
+//     then the common device of the tensor arguments (0-dim CPU tensors, like real CPU scalars,
+//     mix with any device), then the FakeMode's default device, then CPU; tensors on two devices
+//     raise the error a real kernel raises;
+//  4. swaps fakes for their meta shadows, real tensors for meta tensors of the same geometry, and a
+//     factory's device for meta, then calls the op again with kFakeKey and autograd excluded, so
+//     the op's meta kernel computes every output's shape, strides and aliasing (or, for the few
+//     ops LibTorch has no C++ meta kernel for, a rule does: Note [Meta rules]);
+//  5. returns, for each output, the input fake it aliases (in-place and out= ops return their
+//     argument, as real kernels do) or a new fake around the meta output.
+//
+// Ops whose tensor arguments are all real (possible only under a FakeMode) run for real: FakeMode
+// makes *factories* return fakes, it does not fake the arithmetic on tensors the user already has.
+
+struct TensorUse {
+  at::Tensor tensor;
+  std::string_view argument;
+  bool written = false;
+};
+
+// Calls `f` on every tensor in a boxed argument (a Tensor, a Tensor[] or a Tensor?[]) and returns
+// the argument with each tensor replaced by what `f` returned.
+template <typename F>
+c10::IValue map_tensors(const c10::IValue& value, const F& f) {
+  if (value.isTensor()) {
+    return f(value.toTensor());
+  }
+  if (value.isTensorList()) {
+    const c10::List<at::Tensor> list = value.toTensorList();
+    c10::List<at::Tensor> mapped;
+    mapped.reserve(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      mapped.push_back(f(list.get(i)));
+    }
+    return mapped;
+  }
+  if (value.isList()) {
+    const c10::List<c10::IValue> list = value.toList();
+    c10::impl::GenericList mapped(list.elementType());
+    mapped.reserve(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      const c10::IValue element = list.get(i);
+      mapped.push_back(element.isTensor() ? c10::IValue(f(element.toTensor())) : element);
+    }
+    return mapped;
+  }
+  return value;
+}
+
+bool is_optional_device(const c10::Argument& argument) {
+  const auto& type = argument.type();
+  if (type->kind() == c10::TypeKind::DeviceObjType) {
+    return true;
+  }
+  const auto* optional = type->castRaw<c10::OptionalType>();
+  return optional != nullptr && optional->getElementType()->kind() == c10::TypeKind::DeviceObjType;
+}
+
+bool is_cpu_scalar(const at::Tensor& t) { return t.dim() == 0 && t.device().is_cpu(); }
+
+// Returns how users call a data-dependent op, or nullptr if `op` does not read tensor values to
+// decide its output's shape or a host value.
+const char* data_dependent_api(std::string_view op) {
+  static constexpr std::pair<std::string_view, const char*> kOps[] = {
+      {"aten::_local_scalar_dense", "Tensor::item()"},
+      {"aten::item", "Tensor::item()"},
+      {"aten::is_nonzero", "bool(Tensor)"},
+      {"aten::equal", "torch::equal"},
+      {"aten::nonzero", "Tensor::nonzero()"},
+      {"aten::nonzero_numpy", "Tensor::nonzero()"},
+      {"aten::argwhere", "torch::argwhere"},
+      {"aten::masked_select", "torch::masked_select"},
+      {"aten::unique_consecutive", "torch::unique_consecutive"},
+      {"aten::unique_dim", "torch::unique"},
+      {"aten::unique_dim_consecutive", "torch::unique_consecutive"},
+      {"aten::_unique", "torch::unique"},
+      {"aten::_unique2", "torch::unique"},
+      {"aten::bincount", "torch::bincount"},
+      {"aten::histc", "torch::histc"},
+      {"aten::_assert_async", "torch::_assert_async"},
+  };
+  for (const auto& [name, api] : kOps) {
+    if (name == op) {
+      return api;
+    }
+  }
+  return nullptr;
+}
+
+// Ops whose real kernels accept tensors on different devices (cross-device copies, CPU index
+// tensors into an accelerator tensor) and apply their own device rules.
+bool allows_mixed_devices(std::string_view op) {
+  static constexpr std::string_view kOps[] = {
+      "aten::copy_",
+      "aten::_copy_from",
+      "aten::_copy_from_and_resize",
+      "aten::_to_copy",
+      "aten::index",
+      "aten::index_put_",
+      "aten::_index_put_impl_",
+      "aten::index_put",
+      "aten::set_",
+      "aten::_has_compatible_shallow_copy_type",
+      "aten::is_pinned",
+      "aten::_pin_memory",
+      "aten::is_same_size",
+  };
+  for (std::string_view name : kOps) {
+    if (name == op) {
+      return true;
+    }
+  }
+  return false;
+}
+
+class FakeCall {
+ public:
+  FakeCall(const c10::OperatorHandle& op, torch::jit::Stack* stack)
+      : op_(op),
+        schema_(op.schema()),
+        stack_(*stack),
+        first_argument_(stack_.size() - schema_.arguments().size()) {
+    collect_tensors();
+  }
+
+  void run(c10::DispatchKeySet keys) {
+    if (!has_fake_ && !tensors_.empty()) {
+      run_real(keys);
+      return;
+    }
+    if (answer_equal_of_identical_views()) {
+      return;
+    }
+    reject_data_dependent_op();
+    reject_writes_into_real_tensors();
+    const c10::Device device = output_device();
+    run_on_meta();
+    wrap_outputs(device);
+  }
+
+ private:
+  c10::IValue& argument(size_t i) { return stack_[first_argument_ + i]; }
+
+  void collect_tensors() {
+    const auto& arguments = schema_.arguments();
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      const bool written = arguments[i].alias_info() && arguments[i].alias_info()->isWrite();
+      map_tensors(argument(i), [&](const at::Tensor& t) {
+        if (t.defined()) {
+          tensors_.push_back({t, arguments[i].name(), written});
+          has_fake_ = has_fake_ || is_fake(t);
+        }
+        return t;
+      });
+    }
+  }
+
+  std::string op_name() const { return c10::toString(schema_.operator_name()); }
+
+  std::string describe_inputs() const {
+    std::ostringstream out;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      out << (i ? ", " : "") << tensors_[i].argument << ": " << describe(tensors_[i].tensor);
+    }
+    return out.str();
+  }
+
+  void run_real(c10::DispatchKeySet keys) {
+    c10::impl::ExcludeDispatchKeyGuard no_fake(kFakeKey);
+    op_.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kFakeKey),
+                        &stack_);
+  }
+
+  // torch::equal(a, b) is true without reading data when a and b are the same view of the same
+  // storage: ATen's own kernels take that shortcut too, and the C++ MultiheadAttention asks
+  // equal(query, key) to detect self-attention.
+  bool answer_equal_of_identical_views() {
+    if (schema_.name() != "aten::equal" || tensors_.size() != 2) {
+      return false;
+    }
+    const at::Tensor& a = tensors_[0].tensor;
+    const at::Tensor& b = tensors_[1].tensor;
+    const FakeTensorImpl* fa = fake_impl(a);
+    const FakeTensorImpl* fb = fake_impl(b);
+    if (fa == nullptr || fb == nullptr || fa->storage_identity() != fb->storage_identity() ||
+        a.storage_offset() != b.storage_offset() || a.sizes() != b.sizes() ||
+        a.strides() != b.strides() || a.scalar_type() != b.scalar_type()) {
+      return false;
+    }
+    torch::jit::drop(stack_, schema_.arguments().size());
+    torch::jit::push(stack_, true);
+    return true;
+  }
+
+  void reject_data_dependent_op() const {
+    const char* api = data_dependent_api(schema_.name());
+    if (api == nullptr) {
+      return;
+    }
+    TORCH_CHECK(false, "torchdefer: ", api, " (", schema_.name(), ") needs the values of ",
+                describe_inputs(),
+                ", but a fake tensor has no data. Data-dependent operations cannot run on fake "
+                "tensors: materialize the tensor first, or move this computation out of model "
+                "construction.");
+  }
+
+  void reject_writes_into_real_tensors() const {
+    for (const TensorUse& use : tensors_) {
+      TORCH_CHECK(!use.written || is_fake(use.tensor), "torchdefer: ", op_name(),
+                  " would write into the real tensor '", use.argument, "' (", describe(use.tensor),
+                  ") values computed from fake tensors, which have no data. ",
+                  "Materialize the fake inputs first (", describe_inputs(), ").");
+    }
+  }
+
+  std::optional<c10::Device> requested_device() {
+    const auto& arguments = schema_.arguments();
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      if (is_optional_device(arguments[i]) && argument(i).isDevice()) {
+        return argument(i).toDevice();
+      }
+    }
+    return std::nullopt;
+  }
+
+  c10::Device output_device() {
+    if (std::optional<c10::Device> requested = requested_device()) {
+      return requested->is_meta() ? *requested : normalize_fake_device(*requested);
+    }
+    if (tensors_.empty()) {
+      return FakeMode::default_device().value_or(c10::Device(c10::kCPU));
+    }
+    std::optional<c10::Device> common;
+    for (const TensorUse& use : tensors_) {
+      if (is_cpu_scalar(use.tensor)) {
+        continue;
+      }
+      if (!common) {
+        common = use.tensor.device();
+        continue;
+      }
+      TORCH_CHECK(*common == use.tensor.device() || allows_mixed_devices(schema_.name()),
+                  "Expected all tensors to be on the same device, but found at least two devices, ",
+                  *common, " and ", use.tensor.device(), "! (torchdefer: ", op_name(),
+                  " on fake tensors; argument '", use.argument, "' is on ", use.tensor.device(),
+                  ")");
+    }
+    return common.value_or(tensors_.front().tensor.device());
+  }
+
+  // Replaces every tensor argument by its meta counterpart and a factory's device by meta.
+  void substitute_meta_arguments() {
+    const auto& arguments = schema_.arguments();
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      c10::IValue& value = argument(i);
+      if (is_optional_device(arguments[i])) {
+        if (value.isDevice() || tensors_.empty()) {
+          value = c10::Device(c10::kMeta);
+        }
+        continue;
+      }
+      if (arguments[i].name() == "pin_memory" && value.isBool()) {
+        value = false;
+        continue;
+      }
+      value = map_tensors(value, [&](const at::Tensor& t) { return to_meta(t); });
+    }
+  }
+
+  at::Tensor to_meta(const at::Tensor& t) {
+    if (!t.defined() || t.is_meta()) {
+      return t;
+    }
+    if (const FakeTensorImpl* fake = fake_impl(t)) {
+      shadows_.emplace_back(fake->meta().unsafeGetTensorImpl(), t);
+      return fake->meta();
+    }
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+  }
+
+  void run_on_meta() {
+    c10::impl::ExcludeDispatchKeyGuard no_fake(c10::DispatchKeySet(kFakeKey) |
+                                               c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+    substitute_meta_arguments();
+    try {
+      op_.callBoxed(&stack_);
+    } catch (const c10::NotImplementedError& e) {
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          false, "torchdefer: ", op_name(),
+          " cannot run on fake tensors: it has no meta kernel, and fake tensors compute every "
+          "result's shape on the meta device. Inputs: ",
+          describe_inputs(),
+          ". Run this op after materialization, or register a Meta kernel for it. Original error: ",
+          e.msg());
+    }
+  }
+
+  at::Tensor wrap(const at::Tensor& meta_output, c10::Device device) const {
+    if (!meta_output.defined() || !meta_output.is_meta()) {
+      return meta_output;
+    }
+    for (const auto& [shadow, fake] : shadows_) {
+      if (shadow == meta_output.unsafeGetTensorImpl()) {
+        return fake;
+      }
+    }
+    if (device.is_meta()) {
+      return meta_output;
+    }
+    return make_fake(meta_output, device);
+  }
+
+  void wrap_outputs(c10::Device device) {
+    for (size_t i = stack_.size() - schema_.returns().size(); i < stack_.size(); ++i) {
+      stack_[i] = map_tensors(stack_[i], [&](const at::Tensor& t) { return wrap(t, device); });
+    }
+    for (const TensorUse& use : tensors_) {
+      if (use.written) {
+        fake_impl(use.tensor)->sync_from_meta();
+      }
+    }
+  }
+
+  const c10::OperatorHandle& op_;
+  const c10::FunctionSchema& schema_;
+  torch::jit::Stack& stack_;
+  const size_t first_argument_;
+  std::vector<TensorUse> tensors_;
+  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> shadows_;
+  bool has_fake_ = false;
+};
+
+void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                   torch::jit::Stack* stack) {
+  FakeCall(op, stack).run(keys);
+}
+
+// A namespace-scope Library rather than TORCH_LIBRARY_IMPL, so that the key comes from
+// torch_compat.h (Note [Dispatch keys]) instead of being spelled here.
+torch::Library& fake_fallback_registration() {
+  static torch::Library library(torch::Library::IMPL, "_", kFakeKey, __FILE__, __LINE__);
+  return library.fallback(torch::CppFunction::makeFromBoxedFunction<&fake_fallback>());
+}
+
+[[maybe_unused]] const torch::Library& kRegistered = fake_fallback_registration();
+
+}  // namespace
+}  // namespace torchdefer

@@ -1,0 +1,144 @@
+#include <torchdefer/fake_tensor.h>
+#include <torchdefer/fake_tensor_impl.h>
+#include <torchdefer/torch_compat.h>
+
+#include "stand_in_device_guard.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/util/Exception.h>
+
+#include <sstream>
+#include <utility>
+
+namespace torchdefer {
+namespace {
+
+c10::DispatchKeySet fake_key_set(c10::Device device) {
+  const c10::DispatchKey backend = c10::computeDispatchKey(std::nullopt, c10::kStrided, device);
+  return c10::DispatchKeySet(backend) | c10::DispatchKeySet(kFakeKey);
+}
+
+// A second meta TensorImpl over the same meta StorageImpl, so that a detached copy of a fake keeps
+// its storage identity but not its geometry (resizing one must not resize the other).
+at::Tensor alias_of(const at::Tensor& meta) {
+  at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(meta.storage()),
+                                                              meta.key_set(), meta.dtype());
+  alias.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes(), meta.strides(),
+                                                     meta.storage_offset());
+  return alias;
+}
+
+std::string describe_impl(const c10::TensorImpl& impl) {
+  std::ostringstream out;
+  if (impl.key_set().has(kFakeKey)) {
+    out << "fake ";
+  }
+  out << c10::toString(impl.dtype().toScalarType()) << impl.sizes() << " on " << impl.device();
+  return out.str();
+}
+
+}  // namespace
+
+FakeTensorImpl::FakeTensorImpl(at::Tensor meta, c10::Device device)
+    : c10::TensorImpl(fake_key_set(device), meta.dtype(), device),
+      meta_(std::move(meta)),
+      device_(device) {
+  TORCH_INTERNAL_ASSERT(meta_.defined() && meta_.is_meta(),
+                        "torchdefer: a fake tensor's shadow must be a meta tensor");
+  detail::install_stand_in_device_guard(device.type());
+  sync_from_meta();
+  refresh_access_errors();
+}
+
+const c10::StorageImpl* FakeTensorImpl::storage_identity() const {
+  return meta_.defined() ? meta_.storage().unsafeGetStorageImpl() : nullptr;
+}
+
+void FakeTensorImpl::sync_from_meta() {
+  const bool resized = sizes_and_strides_.sizes_arrayref() != meta_.sizes();
+  sizes_and_strides_.set_sizes(meta_.sizes());
+  sizes_and_strides_.set_strides(meta_.strides());
+  storage_offset_ = meta_.storage_offset();
+  refresh_numel();
+  refresh_contiguous();
+  if (resized) {
+    refresh_access_errors();
+  }
+}
+
+void FakeTensorImpl::refresh_access_errors() {
+  std::ostringstream message;
+  message << "Cannot access the data or storage of " << describe_impl(*this)
+          << ": a fake tensor has shape, dtype and device but no storage. Materialize it before "
+             "reading its data (data_ptr, item, storage, printing values).";
+  release_storage_and_set_meta_custom_data_ptr_error_msg_(message.str());
+}
+
+template <typename VersionCounter>
+c10::intrusive_ptr<c10::TensorImpl> FakeTensorImpl::detached_copy(
+    VersionCounter&& version_counter, bool allow_tensor_metadata_change) const {
+  if (!meta_.defined()) {
+    return c10::TensorImpl::shallow_copy_and_detach(std::forward<VersionCounter>(version_counter),
+                                                    allow_tensor_metadata_change);
+  }
+  auto copy = c10::make_intrusive<FakeTensorImpl>(alias_of(meta_), device_);
+  copy_tensor_metadata(this, copy.get(), std::forward<VersionCounter>(version_counter),
+                       allow_tensor_metadata_change);
+  return copy;
+}
+
+c10::intrusive_ptr<c10::TensorImpl> FakeTensorImpl::shallow_copy_and_detach(
+    const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
+  return detached_copy(version_counter, allow_tensor_metadata_change);
+}
+
+c10::intrusive_ptr<c10::TensorImpl> FakeTensorImpl::shallow_copy_and_detach(
+    c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
+  return detached_copy(std::move(version_counter), allow_tensor_metadata_change);
+}
+
+void FakeTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) {
+  copy_tensor_metadata(impl.get(), this, version_counter(), allow_tensor_metadata_change());
+  if (const auto* fake = dynamic_cast<const FakeTensorImpl*>(impl.get());
+      fake != nullptr && fake->meta_.defined()) {
+    meta_ = alias_of(fake->meta_);
+    device_ = fake->device_;
+    return;
+  }
+  // A real tensor's metadata, storage and key set were copied: this tensor is real from now on.
+  meta_.reset();
+  device_ = impl->device();
+}
+
+FakeTensorImpl* fake_impl(const at::TensorBase& t) noexcept {
+  if (!t.defined() || !t.key_set().has(kFakeKey)) {
+    return nullptr;
+  }
+  return dynamic_cast<FakeTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+bool is_fake(const at::TensorBase& t) noexcept { return fake_impl(t) != nullptr; }
+
+at::Tensor make_fake(at::Tensor meta, c10::Device device) {
+  return at::Tensor(c10::make_intrusive<FakeTensorImpl>(std::move(meta), device));
+}
+
+c10::Device normalize_fake_device(c10::Device device) {
+  TORCH_CHECK(!device.is_meta(),
+              "torchdefer: a fake tensor needs a real device type (cpu, cuda, ...), not meta. "
+              "Meta tensors already have no storage; create them with device=meta directly.");
+  if (device.is_cpu() || device.has_index()) {
+    return device;
+  }
+  return c10::Device(device.type(), 0);
+}
+
+std::string describe(const at::TensorBase& t) {
+  if (!t.defined()) {
+    return "undefined tensor";
+  }
+  return describe_impl(*t.unsafeGetTensorImpl());
+}
+
+}  // namespace torchdefer

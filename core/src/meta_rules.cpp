@@ -1,0 +1,232 @@
+#include "meta_rules.h"
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/result_type.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <string_view>
+#include <vector>
+
+#include <utility>
+
+namespace torchdefer::detail {
+namespace {
+
+using Arguments = c10::ArrayRef<c10::IValue>;
+using Outputs = std::vector<c10::IValue>;
+using MetaRule = Outputs (*)(Arguments arguments);
+
+at::Tensor like(const at::Tensor& t) { return at::empty_like(t); }
+
+at::Tensor meta_empty(c10::IntArrayRef sizes, const at::Tensor& options_from,
+                      c10::ScalarType dtype) {
+  return at::empty(sizes, options_from.options().dtype(dtype));
+}
+
+// The dtype batch-norm statistics are kept in: float for reduced-precision inputs.
+c10::ScalarType stats_dtype(const at::Tensor& input) {
+  const c10::ScalarType dtype = input.scalar_type();
+  return dtype == at::kHalf || dtype == at::kBFloat16 ? at::kFloat : dtype;
+}
+
+Outputs same_shape(Arguments args) { return {like(args[0].toTensor())}; }
+
+Outputs with_empty_buffer(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  return {like(self), meta_empty({0}, self, self.scalar_type())};
+}
+
+Outputs where_self(Arguments args) {
+  const at::Tensor& condition = args[0].toTensor();
+  const at::Tensor& self = args[1].toTensor();
+  const at::Tensor& other = args[2].toTensor();
+  const auto sizes = at::infer_size_dimvector(
+      at::infer_size_dimvector(condition.sizes(), self.sizes()), other.sizes());
+  return {meta_empty(sizes, self, at::result_type(self, other))};
+}
+
+Outputs index_select(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  const int64_t dim = c10::maybe_wrap_dim(args[1].toInt(), std::max<int64_t>(self.dim(), 1));
+  const at::Tensor& index = args[2].toTensor();
+  std::vector<int64_t> sizes = self.sizes().vec();
+  if (!sizes.empty()) {
+    sizes[dim] = index.numel();
+  }
+  return {meta_empty(sizes, self, self.scalar_type())};
+}
+
+Outputs batch_norm_outputs(const at::Tensor& input, bool training, int extra_outputs) {
+  const int64_t channels = input.dim() > 1 ? input.size(1) : 1;
+  const int64_t stats = training ? channels : 0;
+  Outputs outputs = {like(input), meta_empty({stats}, input, stats_dtype(input)),
+                     meta_empty({stats}, input, stats_dtype(input))};
+  for (int i = 0; i < extra_outputs; ++i) {
+    outputs.emplace_back(meta_empty({0}, input, at::kByte));
+  }
+  return outputs;
+}
+
+// native_batch_norm / _native_batch_norm_legit(input, weight, bias, running_mean, running_var,
+// training, momentum, eps)
+Outputs batch_norm(Arguments args) {
+  return batch_norm_outputs(args[0].toTensor(), args[5].toBool(), 0);
+}
+
+// _native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
+Outputs batch_norm_no_stats(Arguments args) {
+  return batch_norm_outputs(args[0].toTensor(), args[3].toBool(), 0);
+}
+
+// _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps)
+Outputs batch_norm_with_update(Arguments args) {
+  return batch_norm_outputs(args[0].toTensor(), /*training=*/true, /*extra_outputs=*/1);
+}
+
+// native_dropout(input, p, train)
+Outputs native_dropout(Arguments args) {
+  const at::Tensor& input = args[0].toTensor();
+  return {like(input), meta_empty(input.sizes(), input, at::kBool)};
+}
+
+// _adaptive_avg_pool2d(self, output_size)
+Outputs adaptive_avg_pool2d(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  std::vector<int64_t> sizes(self.sizes().begin(), self.sizes().end() - 2);
+  for (int64_t s : args[1].toIntVector()) {
+    sizes.push_back(s);
+  }
+  return {meta_empty(sizes, self, self.scalar_type())};
+}
+
+// A per-dimension parameter given once for all spatial dimensions or once per dimension.
+int64_t per_dim(const std::vector<int64_t>& values, size_t d) {
+  return values.size() == 1 ? values[0] : values.at(d);
+}
+
+// convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+Outputs convolution(Arguments args) {
+  const at::Tensor& input = args[0].toTensor();
+  const at::Tensor& weight = args[1].toTensor();
+  const std::vector<int64_t> stride = args[3].toIntVector();
+  const std::vector<int64_t> padding = args[4].toIntVector();
+  const std::vector<int64_t> dilation = args[5].toIntVector();
+  const bool transposed = args[6].toBool();
+  const std::vector<int64_t> output_padding = args[7].toIntVector();
+  const int64_t groups = args[8].toInt();
+  TORCH_CHECK(input.dim() == weight.dim(), "convolution: expected a batched input of ",
+              weight.dim(), " dimensions for a weight of ", weight.dim(), " dimensions, got ",
+              input.sizes());
+  std::vector<int64_t> sizes = {input.size(0),
+                                transposed ? weight.size(1) * groups : weight.size(0)};
+  for (size_t d = 0; d + 2 < static_cast<size_t>(input.dim()); ++d) {
+    const int64_t in = input.size(d + 2);
+    const int64_t kernel =
+        dilation.empty() ? weight.size(d + 2) : per_dim(dilation, d) * (weight.size(d + 2) - 1) + 1;
+    const int64_t out = transposed
+                            ? (in - 1) * per_dim(stride, d) - 2 * per_dim(padding, d) + kernel +
+                                  per_dim(output_padding, d)
+                            : (in + 2 * per_dim(padding, d) - kernel) / per_dim(stride, d) + 1;
+    TORCH_CHECK(out > 0, "convolution: calculated output size ", out, " along spatial dimension ",
+                d, " is too small for input ", input.sizes(), " and weight ", weight.sizes());
+    sizes.push_back(out);
+  }
+  return {meta_empty(sizes, input, input.scalar_type())};
+}
+
+// _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias, hidden_bias)
+Outputs fused_lstm_cell(Arguments args) {
+  const at::Tensor& gates = args[0].toTensor();
+  const at::Tensor& cx = args[2].toTensor();
+  return {like(cx), like(cx), like(gates)};
+}
+
+// mkldnn_rnn_layer(input, weight0..3, hx_, cx_, reverse, batch_sizes, mode, hidden_size,
+// num_layers, has_biases, bidirectional, batch_first, train)
+Outputs mkldnn_rnn_layer(Arguments args) {
+  const at::Tensor& input = args[0].toTensor();
+  const int64_t hidden_size = args[10].toInt();
+  // [seq, batch] or [batch, seq] (batch_first): the output keeps the input's order.
+  const std::vector<int64_t> sizes = {input.size(0), input.size(1), hidden_size};
+  return {meta_empty(sizes, input, input.scalar_type()), like(args[5].toTensor()),
+          like(args[6].toTensor()), meta_empty({0}, input, at::kByte)};
+}
+
+// Keyed by "name" or "name.overload".
+constexpr std::pair<std::string_view, MetaRule> kRules[] = {
+    {"aten::relu", same_shape},
+    {"aten::hardtanh", same_shape},
+    {"aten::hardswish", same_shape},
+    {"aten::_prelu_kernel", same_shape},
+    {"aten::rrelu_with_noise", same_shape},
+    {"aten::log_sigmoid_forward", with_empty_buffer},
+    {"aten::where.self", where_self},
+    {"aten::index_select", index_select},
+    {"aten::native_batch_norm", batch_norm},
+    {"aten::_native_batch_norm_legit", batch_norm},
+    {"aten::_native_batch_norm_legit.no_stats", batch_norm_no_stats},
+    {"aten::_batch_norm_with_update", batch_norm_with_update},
+    {"aten::native_dropout", native_dropout},
+    {"aten::_adaptive_avg_pool2d", adaptive_avg_pool2d},
+    {"aten::convolution", convolution},
+    {"aten::_convolution", convolution},
+    {"aten::_thnn_fused_lstm_cell", fused_lstm_cell},
+    {"aten::mkldnn_rnn_layer", mkldnn_rnn_layer},
+};
+
+MetaRule find_rule(const c10::OperatorName& name) {
+  const std::string qualified =
+      name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+  for (const auto& [rule_name, rule] : kRules) {
+    if (rule_name == qualified) {
+      return rule;
+    }
+  }
+  return nullptr;
+}
+
+void meta_rule_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const MetaRule rule = find_rule(op.operator_name());
+  TORCH_INTERNAL_ASSERT(rule != nullptr, "torchdefer: no meta rule for ", op.operator_name());
+  const size_t num_arguments = op.schema().arguments().size();
+  Outputs outputs = rule(torch::jit::last(*stack, num_arguments));
+  torch::jit::drop(*stack, num_arguments);
+  for (c10::IValue& output : outputs) {
+    torch::jit::push(*stack, std::move(output));
+  }
+}
+
+}  // namespace
+
+int register_meta_rules() {
+  static torch::Library library(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__,
+                                __LINE__);
+  int registered = 0;
+  for (const auto& [qualified, rule] : kRules) {
+    const size_t dot = qualified.find('.');
+    const c10::OperatorName name(
+        std::string(qualified.substr(0, dot)),
+        dot == std::string_view::npos ? std::string() : std::string(qualified.substr(dot + 1)));
+    const auto op = c10::Dispatcher::singleton().findOp(name);
+    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::Meta)) {
+      continue;
+    }
+    const std::string unqualified(qualified.substr(std::string_view("aten::").size()));
+    library.impl(unqualified.c_str(),
+                 torch::CppFunction::makeFromBoxedFunction<&meta_rule_kernel>());
+    ++registered;
+  }
+  return registered;
+}
+
+namespace {
+[[maybe_unused]] const int kRegisteredRules = register_meta_rules();
+}  // namespace
+
+}  // namespace torchdefer::detail
