@@ -24,6 +24,8 @@ struct ModuleCase {
   std::vector<int64_t> output_shape;
 };
 
+void PrintTo(const ModuleCase& module_case, std::ostream* out) { *out << module_case.name; }
+
 template <typename Impl>
 Impl& as(nn::Module& m) {
   return dynamic_cast<Impl&>(m);

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The two README commands, and what they share:
+#   bash scripts/dev.sh demo [demo flags]   install what is missing, build, run the demo
+#   bash scripts/dev.sh test                install what is missing, build, run every test
+# Both are idempotent and quick when nothing changed: installs are skipped when present, the
+# build is incremental and goes through ccache. Debian 12 with Python 3.11, run as root (or with
+# the apt packages already installed).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+readonly BUILD_DIR=build
+readonly APT_PACKAGES=(cmake g++ ninja-build ccache clang-format libgtest-dev libgmock-dev
+                       libbenchmark-dev)
+readonly PIP_PACKAGES=(torch==2.13.0 pytest==9.0.3 hypothesis==6.155.2)
+
+log() { printf '\033[1m[torchdefer] %s\033[0m\n' "$*"; }
+
+install_apt_packages() {
+  local missing=()
+  for package in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' ||
+      missing+=("$package")
+  done
+  [ ${#missing[@]} -eq 0 ] && return
+  log "apt: installing ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+install_pip_packages() {
+  if python3 - "${PIP_PACKAGES[@]}" <<'PY'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+for spec in sys.argv[1:]:
+    name, wanted = spec.split("==")
+    try:
+        if version(name).split("+")[0] != wanted:
+            sys.exit(1)
+    except PackageNotFoundError:
+        sys.exit(1)
+PY
+  then
+    return
+  fi
+  log "pip: installing ${PIP_PACKAGES[*]}"
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check \
+    "${PIP_PACKAGES[@]}"
+}
+
+build() {
+  if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+    log "configuring $BUILD_DIR/"
+    cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  fi
+  log "building"
+  cmake --build "$BUILD_DIR" -j "$(nproc)"
+}
+
+check_format() {
+  log "checking clang-format"
+  local files
+  mapfile -t files < <(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
+  clang-format --dry-run --Werror "${files[@]}"
+}
+
+run_tests() {
+  log "C++ tests (ctest)"
+  ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
+  if [ -d tests/python ]; then
+    log "Python tests (pytest)"
+    python3 -m pytest -q tests/python
+  fi
+}
+
+main() {
+  local command="${1:-}"
+  shift || true
+  case "$command" in
+    demo)
+      install_apt_packages
+      install_pip_packages
+      build
+      "$BUILD_DIR/bench/torchdefer_demo" "$@"
+      ;;
+    test)
+      install_apt_packages
+      install_pip_packages
+      build
+      check_format
+      run_tests
+      ;;
+    *)
+      echo "usage: bash scripts/dev.sh demo [demo flags] | test" >&2
+      exit 2
+      ;;
+  esac
+}
+
+main "$@"
