@@ -73,7 +73,7 @@ c10::IValue map_tensors(const c10::IValue& value, const F& f) {
     c10::impl::GenericList mapped(list.elementType());
     mapped.reserve(list.size());
     for (size_t i = 0; i < list.size(); ++i) {
-      const c10::IValue element = list.get(i);
+      const c10::IValue& element = list.get(i);
       mapped.push_back(element.isTensor() ? c10::IValue(f(element.toTensor())) : element);
     }
     return mapped;

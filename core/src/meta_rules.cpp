@@ -106,8 +106,8 @@ Outputs adaptive_avg_pool2d(Arguments args) {
 }
 
 // A per-dimension parameter given once for all spatial dimensions or once per dimension.
-int64_t per_dim(const std::vector<int64_t>& values, size_t d) {
-  return values.size() == 1 ? values[0] : values.at(d);
+int64_t per_dim(const std::vector<int64_t>& values, int64_t d) {
+  return values.size() == 1 ? values[0] : values.at(static_cast<size_t>(d));
 }
 
 // convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
@@ -125,7 +125,7 @@ Outputs convolution(Arguments args) {
               input.sizes());
   std::vector<int64_t> sizes = {input.size(0),
                                 transposed ? weight.size(1) * groups : weight.size(0)};
-  for (size_t d = 0; d + 2 < static_cast<size_t>(input.dim()); ++d) {
+  for (int64_t d = 0; d + 2 < input.dim(); ++d) {
     const int64_t in = input.size(d + 2);
     const int64_t kernel =
         dilation.empty() ? weight.size(d + 2) : per_dim(dilation, d) * (weight.size(d + 2) - 1) + 1;

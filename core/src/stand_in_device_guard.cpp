@@ -23,7 +23,7 @@ class StandInDeviceGuard final : public c10::impl::DeviceGuardImplInterface {
   c10::Device getDevice() const override { return c10::Device(type_, current_index()); }
   void setDevice(c10::Device device) const override { uncheckedSetDevice(device); }
   void uncheckedSetDevice(c10::Device device) const noexcept override {
-    current_index() = device.has_index() ? device.index() : 0;
+    current_index() = device.has_index() ? device.index() : c10::DeviceIndex{0};
   }
   c10::Stream getStream(c10::Device device) const override {
     return c10::Stream(c10::Stream::DEFAULT, device);
