@@ -2,6 +2,7 @@
 // operator on their meta shadows, and wraps the results as fakes on the right device.
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/fake_tensor_impl.h>
+#include <torchdefer/ivalue_tensors.h>
 #include <torchdefer/torch_compat.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -51,35 +52,6 @@ struct TensorUse {
   std::string_view argument;
   bool written = false;
 };
-
-// Calls `f` on every tensor in a boxed argument (a Tensor, a Tensor[] or a Tensor?[]) and returns
-// the argument with each tensor replaced by what `f` returned.
-template <typename F>
-c10::IValue map_tensors(const c10::IValue& value, const F& f) {
-  if (value.isTensor()) {
-    return f(value.toTensor());
-  }
-  if (value.isTensorList()) {
-    const c10::List<at::Tensor> list = value.toTensorList();
-    c10::List<at::Tensor> mapped;
-    mapped.reserve(list.size());
-    for (size_t i = 0; i < list.size(); ++i) {
-      mapped.push_back(f(list.get(i)));
-    }
-    return mapped;
-  }
-  if (value.isList()) {
-    const c10::List<c10::IValue> list = value.toList();
-    c10::impl::GenericList mapped(list.elementType());
-    mapped.reserve(list.size());
-    for (size_t i = 0; i < list.size(); ++i) {
-      const c10::IValue& element = list.get(i);
-      mapped.push_back(element.isTensor() ? c10::IValue(f(element.toTensor())) : element);
-    }
-    return mapped;
-  }
-  return value;
-}
 
 bool is_optional_device(const c10::Argument& argument) {
   const auto& type = argument.type();

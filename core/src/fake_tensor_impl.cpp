@@ -85,6 +85,7 @@ c10::intrusive_ptr<c10::TensorImpl> FakeTensorImpl::detached_copy(
   auto copy = c10::make_intrusive<FakeTensorImpl>(alias_of(meta_), device_);
   copy_tensor_metadata(this, copy.get(), std::forward<VersionCounter>(version_counter),
                        allow_tensor_metadata_change);
+  copy->annotation_ = annotation_;
   return copy;
 }
 
@@ -104,10 +105,12 @@ void FakeTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>
       fake != nullptr && fake->meta_.defined()) {
     meta_ = alias_of(fake->meta_);
     device_ = fake->device_;
+    annotation_ = fake->annotation_;
     return;
   }
   // A real tensor's metadata, storage and key set were copied: this tensor is real from now on.
   meta_.reset();
+  annotation_.reset();
   device_ = impl->device();
 }
 

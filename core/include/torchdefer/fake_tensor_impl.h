@@ -6,6 +6,8 @@
 #include <c10/core/Device.h>
 #include <c10/core/TensorImpl.h>
 
+#include <memory>
+
 namespace torchdefer {
 
 // Note [Fake tensors are meta shadows with a device]
@@ -27,6 +29,14 @@ namespace torchdefer {
 // shallow_copy_from() a real TensorImpl takes over that tensor's storage, drops kFakeKey and the
 // shadow, and from then on this object behaves exactly like a plain TensorImpl, so every
 // at::Tensor and module member that holds it sees the real tensor.
+// What a layer above core attaches to a fake (the recorder: which recorded value it is). Core
+// only stores it, copies it along with detached copies and set_data(), and drops it when the fake
+// turns real; it never looks inside.
+class FakeAnnotation {
+ public:
+  virtual ~FakeAnnotation() = default;
+};
+
 class FakeTensorImpl final : public c10::TensorImpl {
  public:
   // `meta` must be a tensor on the meta device; `device` is the device the fake reports.
@@ -40,6 +50,19 @@ class FakeTensorImpl final : public c10::TensorImpl {
 
   // Two fakes alias exactly when their storage identities are equal.
   const c10::StorageImpl* storage_identity() const;
+
+  // The meta storage behind storage_identity(), for holders that must keep the identity unique
+  // while they remember it.
+  c10::Storage meta_storage() const { return meta_.storage(); }
+
+  const std::shared_ptr<const FakeAnnotation>& annotation() const { return annotation_; }
+  void set_annotation(std::shared_ptr<const FakeAnnotation> annotation) {
+    annotation_ = std::move(annotation);
+  }
+
+  // Adds `key` to this fake's dispatch key set, so that ops on it reach that key's kernel (the
+  // recorder adds kDeferredInitKey to every fake it records).
+  void include_dispatch_key(c10::DispatchKey key) { key_set_ = key_set_.add(key); }
 
   // Re-reads sizes, strides and offset from the shadow after an op changed it in place
   // (resize_, set_, as_strided_, ...).
@@ -63,6 +86,7 @@ class FakeTensorImpl final : public c10::TensorImpl {
 
   at::Tensor meta_;
   c10::Device device_;
+  std::shared_ptr<const FakeAnnotation> annotation_;
 };
 
 // The FakeTensorImpl behind `t`, or nullptr if `t` is not a fake.

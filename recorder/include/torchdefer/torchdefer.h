@@ -2,5 +2,6 @@
 // allocating it, then materialize exactly the part each rank needs. Include this one header.
 #pragma once
 
+#include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/version.h>

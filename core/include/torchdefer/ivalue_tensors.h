@@ -1,0 +1,42 @@
+// Visiting the tensors inside a boxed operator argument. The Fake fallback, the recorder and the
+// replay engine all rewrite argument stacks tensor by tensor, in the same order.
+#pragma once
+
+#include <ATen/core/List.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+namespace torchdefer {
+
+// Calls `f` on every tensor in a boxed argument or return (a Tensor, a Tensor[] or a Tensor?[];
+// undefined tensors included), in order, and returns the value with each tensor replaced by what
+// `f` returned. Other values come back unchanged. The order is the same on every call, so one
+// pass can record tensors and a later pass can substitute them by position.
+template <typename F>
+c10::IValue map_tensors(const c10::IValue& value, const F& f) {
+  if (value.isTensor()) {
+    return f(value.toTensor());
+  }
+  if (value.isTensorList()) {
+    const c10::List<at::Tensor> list = value.toTensorList();
+    c10::List<at::Tensor> mapped;
+    mapped.reserve(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      mapped.push_back(f(list.get(i)));
+    }
+    return mapped;
+  }
+  if (value.isList()) {
+    const c10::List<c10::IValue> list = value.toList();
+    c10::impl::GenericList mapped(list.elementType());
+    mapped.reserve(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      const c10::IValue& element = list.get(i);
+      mapped.push_back(element.isTensor() ? c10::IValue(f(element.toTensor())) : element);
+    }
+    return mapped;
+  }
+  return value;
+}
+
+}  // namespace torchdefer

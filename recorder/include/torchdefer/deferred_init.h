@@ -1,0 +1,68 @@
+// deferred_init: construct a module, or run any callable, without allocating a single parameter.
+// Every operation on its tensors is recorded so that materialize_module can replay it later.
+//
+//   auto linear = torchdefer::deferred_init<torch::nn::Linear>(8192, 8192);
+//   auto model = torchdefer::deferred_init([&] { return Llama(config); });
+#pragma once
+
+#include <torchdefer/fake_tensor.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Type.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace torchdefer {
+
+class OpGraph;
+
+namespace detail {
+
+// While a RecordingScope lives on a thread, factories return fakes (as under FakeMode) and every
+// operator on fakes is recorded into a new OpGraph (Note [The op graph]). Scopes nest, each with
+// its own graph; a scope that unwinds because construction threw leaves no key in TLS, and its
+// graph goes away with the fakes that referred to it.
+class RecordingScope {
+ public:
+  explicit RecordingScope(std::string context);
+  ~RecordingScope();
+  RecordingScope(const RecordingScope&) = delete;
+  RecordingScope& operator=(const RecordingScope&) = delete;
+
+ private:
+  FakeMode fake_;
+  c10::impl::IncludeDispatchKeyGuard include_deferred_init_;
+  std::shared_ptr<OpGraph> saved_graph_;
+};
+
+}  // namespace detail
+
+// Constructs `ModuleHolder(args...)` (a torch::nn module holder such as torch::nn::Linear, or any
+// type) with its parameters and buffers fake and their initialization recorded.
+template <typename ModuleHolder, typename... Args,
+          std::enable_if_t<std::is_constructible_v<ModuleHolder, Args&&...>, int> = 0>
+ModuleHolder deferred_init(Args&&... args) {
+  detail::RecordingScope scope(c10::demangle_type<ModuleHolder>());
+  return ModuleHolder(std::forward<Args>(args)...);
+}
+
+// Calls `f(args...)` with every tensor it creates fake and every operation recorded.
+// (`ExplicitArgumentBarrier` keeps deferred_init<SomeHolder>(...) from considering this overload:
+// asking whether a module holder is invocable instantiates its forward() with the wrong types.)
+template <int&... ExplicitArgumentBarrier, typename F, typename... Args,
+          std::enable_if_t<std::is_invocable_v<F&&, Args&&...>, int> = 0>
+std::invoke_result_t<F&&, Args&&...> deferred_init(F&& f, Args&&... args) {
+  detail::RecordingScope scope(c10::demangle_type<std::decay_t<F>>());
+  return std::invoke(std::forward<F>(f), std::forward<Args>(args)...);
+}
+
+// The recorded operations that will produce `t`'s data, in order, one line, e.g.
+// "empty([4096, 4096]) → uniform_(-0.015625, 0.015625)". Says so when `t` is real or a fake that
+// nothing recorded.
+std::string explain(const at::Tensor& t);
+
+}  // namespace torchdefer

@@ -1,0 +1,140 @@
+// The op graph: every operator deferred_init recorded, with the write history of every storage,
+// in the form the replay engine reads it.
+#pragma once
+
+#include <torchdefer/fake_tensor_impl.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/Storage.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace torchdefer {
+
+// Note [The op graph]
+// ~~~~~~~~~~~~~~~~~~~
+// A node is one dispatcher call, seen at kDeferredInitKey before autograd or any composite
+// decomposition ran (Note [Dispatch keys]): the operator, its boxed arguments with each tensor
+// replaced by a RecordedInput, and a value per output tensor. A value is one view of one storage
+// (its geometry, dtype and device), produced by a node. A storage is what the fakes' shared meta
+// StorageImpl stands for: the node that created it and every node that later wrote into it, in
+// record order. Which arguments a node writes comes from the schema's alias annotations
+// (`Tensor(a!)`), never from op names; whether an output is a view of an input comes from the
+// storage identities the Fake layer keeps.
+//
+// Materializing a storage means replaying its creator and its writers in record order, after the
+// storages they read (recursively). A value never needs its view op replayed: it is its storage
+// seen through its geometry. The graph costs a few hundred bytes per op and nothing per element;
+// it lives as long as a fake refers to it (RecordedFake) and is freed with the last one.
+
+// Where a recorded op's tensor argument came from.
+struct RecordedInput {
+  enum class Kind {
+    kUndefined,    // an absent optional tensor
+    kValue,        // a fake this graph recorded; `value` indexes OpGraph::values()
+    kReal,         // a real tensor, held by reference; `version` is its version when recorded
+    kConstant,     // a real tensor over memory nobody owns (from_blob): a private copy
+    kForeignFake,  // a fake this graph did not record (another deferred_init, or a FakeMode)
+  };
+  Kind kind = Kind::kUndefined;
+  int64_t value = -1;
+  at::Tensor tensor;
+  int64_t version = 0;
+};
+
+// One view of one storage, produced by a node.
+struct RecordedValue {
+  int64_t storage = -1;
+  int64_t node = -1;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t storage_offset = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device device = c10::Device(c10::kCPU);
+};
+
+// Everything that ever put data into one storage.
+struct RecordedStorage {
+  c10::Storage identity;         // the fakes' meta storage; held so that its address stays unique
+  int64_t creator = -1;          // the node that created it
+  int64_t base_value = -1;       // the value that node returned for it
+  std::vector<int64_t> writers;  // the creator, then every in-place or out= write, in order
+};
+
+struct RecordedNode {
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> arguments;  // tensors replaced by undefined placeholders
+  std::vector<RecordedInput> inputs;   // the tensors of `arguments`, in map_tensors order
+  std::vector<int64_t> outputs;        // a value per output tensor (map_tensors order), or -1
+};
+
+class OpGraph {
+ public:
+  // `context` names what was being constructed, for error messages ("torch::nn::LinearImpl").
+  explicit OpGraph(std::string context);
+  ~OpGraph();
+  OpGraph(const OpGraph&) = delete;
+  OpGraph& operator=(const OpGraph&) = delete;
+
+  const std::string& context() const { return context_; }
+
+  // The recorded program. Nodes, values and storages are only ever appended; read them while no
+  // other thread records into this graph.
+  const std::vector<RecordedNode>& nodes() const { return nodes_; }
+  const std::vector<RecordedValue>& values() const { return values_; }
+  const std::vector<RecordedStorage>& storages() const { return storages_; }
+
+  // Appends `node` (its outputs filled in by add_output) and returns its index.
+  int64_t add_node(RecordedNode node);
+
+  // Records output `fake` of node `node`: finds or creates its storage (created by `node` if the
+  // graph has not seen it) and returns the new value's index.
+  int64_t add_output(int64_t node, const at::Tensor& fake);
+
+  // Records that `node` wrote into the storage `fake` views.
+  void add_write(int64_t node, const at::Tensor& fake);
+
+  // Sets the values of `node`'s output tensors (-1 where an output is not a fake).
+  void set_outputs(int64_t node, std::vector<int64_t> outputs) {
+    nodes_[node].outputs = std::move(outputs);
+  }
+
+  // Serializes recording from several threads into one graph.
+  std::mutex& mutex() { return mutex_; }
+
+ private:
+  int64_t storage_of(const FakeTensorImpl& fake, int64_t node);
+
+  std::string context_;
+  std::vector<RecordedNode> nodes_;
+  std::vector<RecordedValue> values_;
+  std::vector<RecordedStorage> storages_;
+  std::unordered_map<const c10::StorageImpl*, int64_t> storage_index_;
+  std::mutex mutex_;
+};
+
+// What the recorder attaches to every fake it records: which value of which graph it is.
+struct RecordedFake final : FakeAnnotation {
+  RecordedFake(std::shared_ptr<OpGraph> graph, int64_t value)
+      : graph(std::move(graph)), value(value) {}
+  std::shared_ptr<OpGraph> graph;
+  int64_t value;
+};
+
+// The recording behind `t`, or nullptr if `t` is not a recorded fake.
+const RecordedFake* recorded(const at::TensorBase& t);
+
+namespace detail {
+// How many recorded nodes are alive in this process (for tests of the graph's lifetime).
+int64_t live_recorded_nodes();
+}  // namespace detail
+
+}  // namespace torchdefer

@@ -1,0 +1,85 @@
+#include <torchdefer/op_graph.h>
+
+#include <atomic>
+
+namespace torchdefer {
+namespace {
+
+std::atomic<int64_t> live_nodes{0};
+
+}  // namespace
+
+OpGraph::OpGraph(std::string context) : context_(std::move(context)) {}
+
+OpGraph::~OpGraph() { live_nodes -= static_cast<int64_t>(nodes_.size()); }
+
+int64_t OpGraph::add_node(RecordedNode node) {
+  nodes_.push_back(std::move(node));
+  ++live_nodes;
+  return static_cast<int64_t>(nodes_.size()) - 1;
+}
+
+int64_t OpGraph::storage_of(const FakeTensorImpl& fake, int64_t node) {
+  const auto [it, inserted] =
+      storage_index_.try_emplace(fake.storage_identity(), static_cast<int64_t>(storages_.size()));
+  if (inserted) {
+    RecordedStorage storage;
+    storage.identity = fake.meta_storage();
+    storage.creator = node;
+    storage.writers.push_back(node);
+    storages_.push_back(std::move(storage));
+  }
+  return it->second;
+}
+
+int64_t OpGraph::add_output(int64_t node, const at::Tensor& fake) {
+  const FakeTensorImpl* impl = fake_impl(fake);
+  TORCH_INTERNAL_ASSERT(impl != nullptr, "torchdefer: only fakes are recorded as values");
+  RecordedValue value;
+  value.storage = storage_of(*impl, node);
+  value.node = node;
+  value.sizes = fake.sizes().vec();
+  value.strides = fake.strides().vec();
+  value.storage_offset = fake.storage_offset();
+  value.dtype = fake.scalar_type();
+  value.device = fake.device();
+  values_.push_back(std::move(value));
+  const int64_t index = static_cast<int64_t>(values_.size()) - 1;
+  RecordedStorage& storage = storages_[values_.back().storage];
+  if (storage.creator == node && storage.base_value < 0) {
+    storage.base_value = index;
+  }
+  return index;
+}
+
+void OpGraph::add_write(int64_t node, const at::Tensor& fake) {
+  const FakeTensorImpl* impl = fake_impl(fake);
+  TORCH_INTERNAL_ASSERT(impl != nullptr, "torchdefer: only writes into fakes are recorded");
+  const auto found = storage_index_.find(impl->storage_identity());
+  if (found == storage_index_.end()) {
+    // A fake this graph never saw (made under a plain FakeMode, or by another deferred_init):
+    // the write is remembered, with no creator, so that replay can say why it cannot proceed.
+    RecordedStorage storage;
+    storage.identity = impl->meta_storage();
+    storage.writers.push_back(node);
+    storage_index_.emplace(impl->storage_identity(), static_cast<int64_t>(storages_.size()));
+    storages_.push_back(std::move(storage));
+    return;
+  }
+  std::vector<int64_t>& writers = storages_[found->second].writers;
+  if (writers.back() != node) {
+    writers.push_back(node);
+  }
+}
+
+const RecordedFake* recorded(const at::TensorBase& t) {
+  const FakeTensorImpl* impl = fake_impl(t);
+  if (impl == nullptr) {
+    return nullptr;
+  }
+  return dynamic_cast<const RecordedFake*>(impl->annotation().get());
+}
+
+int64_t detail::live_recorded_nodes() { return live_nodes.load(); }
+
+}  // namespace torchdefer

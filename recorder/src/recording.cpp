@@ -1,0 +1,225 @@
+// Recording: the boxed fallback on kDeferredInitKey that appends every operator on fakes to an
+// OpGraph, and the RecordingScope that deferred_init opens.
+#include <torchdefer/deferred_init.h>
+#include <torchdefer/fake_tensor_impl.h>
+#include <torchdefer/ivalue_tensors.h>
+#include <torchdefer/op_graph.h>
+#include <torchdefer/torch_compat.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torchdefer {
+namespace {
+
+// The graph the innermost RecordingScope on this thread records into.
+thread_local std::shared_ptr<OpGraph> tls_graph;
+
+// A real tensor whose memory nobody owns (at::from_blob without a deleter) may be freed or
+// rewritten by its owner at any time after construction; the recorder keeps a copy instead.
+bool is_borrowed_memory(const at::Tensor& t) {
+  return t.has_storage() && t.storage().data() != nullptr &&
+         t.storage().data_ptr().get_context() == nullptr;
+}
+
+// Note [Recording an op]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// The DeferredInit fallback sees an operator before autograd and before any composite kernel
+// decomposed it, so a node is the call the model's code made (aten::linear, not aten::addmm).
+// It records the call only when the call involves fakes: a factory under a RecordingScope, or an
+// op with a fake argument, before or after deferred_init returned (every recorded fake carries
+// kDeferredInitKey, so `m->to(torch::kBFloat16)` or tying weights afterwards is recorded too).
+// Ops on real tensors alone are real computations and run unrecorded. The op then runs below
+// kDeferredInitKey with the key excluded, so the ops a composite kernel calls are not recorded a
+// second time; the Fake layer computes the outputs, and the recorder annotates each output fake
+// with its value and adds kDeferredInitKey to it. Arguments are classified before the op runs:
+// an in-place op must be recorded reading the input's old value and the real tensors' versions
+// as they were.
+class Recorder {
+ public:
+  Recorder(const c10::OperatorHandle& op, torch::jit::Stack* stack)
+      : op_(op),
+        schema_(op.schema()),
+        stack_(*stack),
+        first_argument_(stack_.size() - schema_.arguments().size()) {}
+
+  void run(c10::DispatchKeySet keys) {
+    scan_arguments();
+    if (graph_ == nullptr || (!has_fake_ && has_tensor_)) {
+      redispatch(keys);
+      return;
+    }
+    RecordedNode node = describe_call();
+    redispatch(keys);
+    record(std::move(node));
+  }
+
+ private:
+  void scan_arguments() {
+    graph_ = tls_graph;
+    for (size_t i = first_argument_; i < stack_.size(); ++i) {
+      map_tensors(stack_[i], [&](const at::Tensor& t) {
+        if (!t.defined()) {
+          return t;
+        }
+        has_tensor_ = true;
+        if (is_fake(t)) {
+          has_fake_ = true;
+          const RecordedFake* rec = recorded(t);
+          if (graph_ == nullptr && rec != nullptr) {
+            graph_ = rec->graph;
+          }
+        }
+        return t;
+      });
+    }
+  }
+
+  RecordedInput classify(const at::Tensor& t) const {
+    RecordedInput input;
+    if (!t.defined()) {
+      return input;
+    }
+    if (is_fake(t)) {
+      const RecordedFake* rec = recorded(t);
+      if (rec != nullptr && rec->graph == graph_) {
+        input.kind = RecordedInput::Kind::kValue;
+        input.value = rec->value;
+      } else {
+        input.kind = RecordedInput::Kind::kForeignFake;
+        input.tensor = t;
+      }
+      return input;
+    }
+    if (is_borrowed_memory(t)) {
+      c10::impl::ExcludeDispatchKeyGuard real_only(c10::DispatchKeySet(kFakeKey) |
+                                                   c10::DispatchKeySet(kDeferredInitKey));
+      input.kind = RecordedInput::Kind::kConstant;
+      input.tensor = t.clone();
+      return input;
+    }
+    input.kind = RecordedInput::Kind::kReal;
+    input.tensor = t;
+    input.version = t.is_inference() ? 0 : t._version();
+    return input;
+  }
+
+  RecordedNode describe_call() const {
+    RecordedNode node{op_, {}, {}, {}};
+    node.arguments.reserve(schema_.arguments().size());
+    for (size_t i = first_argument_; i < stack_.size(); ++i) {
+      node.arguments.push_back(map_tensors(stack_[i], [&](const at::Tensor& t) {
+        node.inputs.push_back(classify(t));
+        return at::Tensor();
+      }));
+    }
+    return node;
+  }
+
+  void redispatch(c10::DispatchKeySet keys) {
+    // Written arguments, remembered before the call pops them.
+    const auto& arguments = schema_.arguments();
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      if (arguments[i].alias_info() && arguments[i].alias_info()->isWrite()) {
+        map_tensors(stack_[first_argument_ + i], [&](const at::Tensor& t) {
+          if (is_fake(t)) {
+            written_.push_back(t);
+          }
+          return t;
+        });
+      }
+    }
+    c10::impl::ExcludeDispatchKeyGuard no_recording(kDeferredInitKey);
+    try {
+      op_.redispatchBoxed(
+          keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
+    } catch (c10::Error& e) {
+      if (graph_ != nullptr) {
+        e.add_context("torchdefer: while recording " + c10::toString(schema_.operator_name()) +
+                      " in deferred_init of " + graph_->context());
+      }
+      throw;
+    }
+  }
+
+  void record(RecordedNode node) {
+    std::vector<at::Tensor> fake_outputs;
+    const size_t first_return = stack_.size() - schema_.returns().size();
+    for (size_t i = first_return; i < stack_.size(); ++i) {
+      map_tensors(stack_[i], [&](const at::Tensor& t) {
+        fake_outputs.push_back(is_fake(t) ? t : at::Tensor());
+        return t;
+      });
+    }
+    const bool produces_fakes = std::any_of(fake_outputs.begin(), fake_outputs.end(),
+                                            [](const at::Tensor& t) { return t.defined(); });
+    if (!produces_fakes && written_.empty()) {
+      return;
+    }
+    const std::lock_guard<std::mutex> lock(graph_->mutex());
+    const int64_t index = graph_->add_node(std::move(node));
+    std::vector<int64_t> outputs;
+    outputs.reserve(fake_outputs.size());
+    for (const at::Tensor& t : fake_outputs) {
+      if (!t.defined()) {
+        outputs.push_back(-1);
+        continue;
+      }
+      const int64_t value = graph_->add_output(index, t);
+      FakeTensorImpl* impl = fake_impl(t);
+      impl->set_annotation(std::make_shared<RecordedFake>(graph_, value));
+      impl->include_dispatch_key(kDeferredInitKey);
+      outputs.push_back(value);
+    }
+    for (const at::Tensor& t : written_) {
+      graph_->add_write(index, t);
+    }
+    graph_->set_outputs(index, std::move(outputs));
+  }
+
+  const c10::OperatorHandle& op_;
+  const c10::FunctionSchema& schema_;
+  torch::jit::Stack& stack_;
+  const size_t first_argument_;
+  std::shared_ptr<OpGraph> graph_;
+  std::vector<at::Tensor> written_;
+  bool has_fake_ = false;
+  bool has_tensor_ = false;
+};
+
+void deferred_init_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                            torch::jit::Stack* stack) {
+  Recorder(op, stack).run(keys);
+}
+
+// A namespace-scope Library rather than TORCH_LIBRARY_IMPL, so that the key comes from
+// torch_compat.h (Note [Dispatch keys]).
+torch::Library& deferred_init_registration() {
+  static torch::Library library(torch::Library::IMPL, "_", kDeferredInitKey, __FILE__, __LINE__);
+  return library.fallback(torch::CppFunction::makeFromBoxedFunction<&deferred_init_fallback>());
+}
+
+[[maybe_unused]] const torch::Library& kRegistered = deferred_init_registration();
+
+}  // namespace
+
+namespace detail {
+
+RecordingScope::RecordingScope(std::string context)
+    : include_deferred_init_(kDeferredInitKey), saved_graph_(tls_graph) {
+  tls_graph = std::make_shared<OpGraph>(std::move(context));
+}
+
+RecordingScope::~RecordingScope() { tls_graph = std::move(saved_graph_); }
+
+}  // namespace detail
+}  // namespace torchdefer
