@@ -72,6 +72,11 @@ void OpGraph::add_write(int64_t node, const at::Tensor& fake) {
   }
 }
 
+int64_t OpGraph::add_rng_anchor(at::Tensor state) {
+  rng_anchors_.push_back(std::move(state));
+  return static_cast<int64_t>(rng_anchors_.size()) - 1;
+}
+
 const RecordedFake* recorded(const at::TensorBase& t) {
   const FakeTensorImpl* impl = fake_impl(t);
   if (impl == nullptr) {

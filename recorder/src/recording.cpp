@@ -6,6 +6,8 @@
 #include <torchdefer/op_graph.h>
 #include <torchdefer/torch_compat.h>
 
+#include "torch_rng.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -55,6 +57,10 @@ class Recorder {
   void run(c10::DispatchKeySet keys) {
     scan_arguments();
     if (graph_ == nullptr || (!has_fake_ && has_tensor_)) {
+      if (detail::is_random(op_)) {
+        // An unrecorded op is about to draw: the generator must be where eager would have it.
+        detail::settle_generator();
+      }
       redispatch(keys);
       return;
     }
@@ -114,7 +120,7 @@ class Recorder {
   }
 
   RecordedNode describe_call() const {
-    RecordedNode node{op_, {}, {}, {}};
+    RecordedNode node{op_, {}, {}, {}, std::nullopt};
     node.arguments.reserve(schema_.arguments().size());
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
       node.arguments.push_back(map_tensors(stack_[i], [&](const at::Tensor& t) {
@@ -184,6 +190,16 @@ class Recorder {
       graph_->add_write(index, t);
     }
     graph_->set_outputs(index, std::move(outputs));
+    if (detail::is_random(op_)) {
+      const at::Tensor& target = written_.empty() ? first_fake(fake_outputs) : written_.front();
+      graph_->set_draws(index, detail::place_random_node(graph_, graph_->nodes()[index], target,
+                                                         tls_graph != nullptr));
+    }
+  }
+
+  static const at::Tensor& first_fake(const std::vector<at::Tensor>& tensors) {
+    return *std::find_if(tensors.begin(), tensors.end(),
+                         [](const at::Tensor& t) { return t.defined(); });
   }
 
   const c10::OperatorHandle& op_;
@@ -219,7 +235,10 @@ RecordingScope::RecordingScope(std::string context)
   tls_graph = std::make_shared<OpGraph>(std::move(context));
 }
 
-RecordingScope::~RecordingScope() { tls_graph = std::move(saved_graph_); }
+RecordingScope::~RecordingScope() {
+  tls_graph = std::move(saved_graph_);
+  settle_generator();
+}
 
 }  // namespace detail
 }  // namespace torchdefer

@@ -67,6 +67,23 @@ struct RecordedStorage {
   int64_t creator = -1;          // the node that created it
   int64_t base_value = -1;       // the value that node returned for it
   std::vector<int64_t> writers;  // the creator, then every in-place or out= write, in order
+  // Set by the replay engine once the storage is materialized, so that every later fake viewing
+  // it (a tied weight, a view registered as a buffer) shares that real storage while it lives.
+  c10::weak_intrusive_ptr<c10::StorageImpl> real{c10::intrusive_ptr<c10::StorageImpl>()};
+};
+
+// Where a random op's draws start in torch RNG mode (Note [Torch-mode draw offsets]).
+struct RecordedDraws {
+  enum class Kind {
+    kPlaced,       // starts `offset` draws after OpGraph::rng_anchors()[anchor], uses `draws`
+    kAnchorOnly,   // starts at the anchor; its own draws were taken by running it at record time
+    kUnplaceable,  // cannot be replayed bit-exactly; `reason` says why
+  };
+  Kind kind = Kind::kPlaced;
+  int64_t anchor = -1;
+  uint64_t offset = 0;
+  uint64_t draws = 0;
+  std::string reason;
 };
 
 struct RecordedNode {
@@ -74,6 +91,7 @@ struct RecordedNode {
   std::vector<c10::IValue> arguments;  // tensors replaced by undefined placeholders
   std::vector<RecordedInput> inputs;   // the tensors of `arguments`, in map_tensors order
   std::vector<int64_t> outputs;        // a value per output tensor (map_tensors order), or -1
+  std::optional<RecordedDraws> draws;  // set for random ops
 };
 
 class OpGraph {
@@ -107,6 +125,16 @@ class OpGraph {
     nodes_[node].outputs = std::move(outputs);
   }
 
+  // Full states of PyTorch's default CPU generator (get_state()) that random ops are placed from.
+  const std::vector<at::Tensor>& rng_anchors() const { return rng_anchors_; }
+  int64_t add_rng_anchor(at::Tensor state);
+  void set_draws(int64_t node, RecordedDraws draws) { nodes_[node].draws = std::move(draws); }
+
+  // Called by the replay engine when it materialized `storage` into `real`.
+  void set_real(int64_t storage, const c10::Storage& real) {
+    storages_[storage].real = real.getWeakStorageImpl();
+  }
+
   // Serializes recording from several threads into one graph.
   std::mutex& mutex() { return mutex_; }
 
@@ -118,6 +146,7 @@ class OpGraph {
   std::vector<RecordedValue> values_;
   std::vector<RecordedStorage> storages_;
   std::unordered_map<const c10::StorageImpl*, int64_t> storage_index_;
+  std::vector<at::Tensor> rng_anchors_;
   std::mutex mutex_;
 };
 

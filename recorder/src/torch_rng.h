@@ -1,0 +1,60 @@
+// Torch RNG mode at record time: where each random op's draws start on PyTorch's default CPU
+// generator, and keeping that generator where eager construction would have left it.
+#pragma once
+
+#include <torchdefer/op_graph.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace torchdefer::detail {
+
+// Note [Torch-mode draw offsets]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Eager construction draws each random op's numbers from the default CPU generator in program
+// order. To replay any subset of a recording in any order bit-exactly, each random node records
+// where its draws start: `offset` 32-bit draws after an *anchor*, a full generator state saved
+// in the graph. How many draws an op takes is a property of PyTorch's CPU kernels, per op and
+// dtype: uniform_ takes one per element (two for float64), normal_ on a contiguous tensor of 16
+// or more elements takes one per element plus a block of 16 when the size is not a multiple of
+// 16 (two per element for float64), random_ one or two by range, bernoulli_ with a tensor of
+// probabilities one or two by its dtype (plan_draws() has the table; tests compare it with eager
+// for every entry). Kernels whose draws depend on more than the tensor's shape (normal_ below 16
+// elements or non-contiguous, which caches a Box–Muller sample in the generator; log_normal_;
+// scalar-p bernoulli_ and exponential_, which seed MKL on some CPUs) are run for real on a scratch
+// tensor of the same geometry at record time, and their node is anchored at the state before.
+//
+// The generator itself is advanced lazily: draws accumulate and are applied with one jump
+// (Note [MT19937 jump-ahead]) when the recording scope ends, before any unrecorded random op, and
+// before a scratch run; so a 70B recording costs one jump, not one per parameter. Anyone who
+// touches the generator between two recorded random ops (torch::manual_seed in a constructor) is
+// noticed by comparing its state with the one the recorder left, and the chain starts a new anchor.
+struct DrawPlan {
+  enum class Kind { kKnown, kRunOnScratch, kUnplaceable };
+  Kind kind = Kind::kUnplaceable;
+  uint64_t draws = 0;
+  std::string reason;
+};
+
+// How `op` with these recorded arguments draws; `target` is the tensor it fills (its written
+// argument, or its output for factories).
+DrawPlan plan_draws(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& arguments,
+                    const at::Tensor& target);
+
+// True if `op` draws random numbers (ATen tags those `nondeterministic_seeded`; some overloads,
+// like randn(size), take no Generator argument).
+bool is_random(const c10::OperatorHandle& op);
+
+// Places `node` of `graph` (already run on fakes) on the current thread's generator chain and
+// advances the chain by its draws; runs it on scratch first when the plan says so.
+RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
+                                const at::Tensor& target, bool in_recording_scope);
+
+// Applies pending draws to the default generator and forgets the anchor: the generator is about
+// to be used by someone else (scope end, an unrecorded random op).
+void settle_generator();
+
+}  // namespace torchdefer::detail

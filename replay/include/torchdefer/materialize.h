@@ -1,0 +1,103 @@
+// Materialization: turning the fakes deferred_init recorded into real tensors, in place, by
+// replaying what construction did, on the device of your choice.
+//
+//   auto model = torchdefer::deferred_init([&] { return Llama(config); });
+//   torchdefer::materialize_module(*model);                               // whole model, CPU
+//   torchdefer::materialize_module(*model->layers[3], MaterializeOptions().device(at::kCUDA));
+#pragma once
+
+#include <torchdefer/deferred_init.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
+
+namespace torchdefer {
+
+// How random ops are replayed.
+enum class RngMode {
+  // On PyTorch's own default generator, from the state it had when each op ran at record time:
+  // materializing gives bit-for-bit the values eager construction with the same seed gives on
+  // the CPU, in any order and for any subset (Note [Torch-mode draw offsets]).
+  kTorch,
+};
+
+// Reported to a progress callback after each replayed operation.
+struct MaterializeProgress {
+  int64_t done = 0;
+  int64_t total = 0;
+  std::string op;
+};
+
+// Options every materialization call understands, builder style:
+//   MaterializeOptions().device(at::kCUDA).check_fn(...).progress(...)
+class MaterializeOptions {
+ public:
+  // Where real tensors are created; by default the device each fake reports.
+  MaterializeOptions& device(c10::Device device) {
+    device_ = device;
+    return *this;
+  }
+  MaterializeOptions& rng(RngMode mode) {
+    rng_ = mode;
+    return *this;
+  }
+  // materialize_module only: a child module for which `check_fn` returns false is skipped with
+  // its whole subtree (FSDP wraps and materializes those units itself).
+  MaterializeOptions& check_fn(std::function<bool(const torch::nn::Module&)> check_fn) {
+    check_fn_ = std::move(check_fn);
+    return *this;
+  }
+  // materialize_module only: materialize buffers and leave parameters fake.
+  MaterializeOptions& buffers_only(bool buffers_only = true) {
+    buffers_only_ = buffers_only;
+    return *this;
+  }
+  MaterializeOptions& progress(std::function<void(const MaterializeProgress&)> progress) {
+    progress_ = std::move(progress);
+    return *this;
+  }
+
+  const std::optional<c10::Device>& device() const { return device_; }
+  RngMode rng() const { return rng_; }
+  const std::function<bool(const torch::nn::Module&)>& check_fn() const { return check_fn_; }
+  bool buffers_only() const { return buffers_only_; }
+  const std::function<void(const MaterializeProgress&)>& progress() const { return progress_; }
+
+ private:
+  std::optional<c10::Device> device_;
+  RngMode rng_ = RngMode::kTorch;
+  std::function<bool(const torch::nn::Module&)> check_fn_;
+  bool buffers_only_ = false;
+  std::function<void(const MaterializeProgress&)> progress_;
+};
+
+// Makes `t` real in place: the same TensorImpl gets real storage, so every at::Tensor, module
+// member and container holding it sees the real tensor. Returns `t`. A real tensor is returned
+// untouched. On failure (a device that does not exist, a real input mutated since recording,
+// out of memory) `t` is still fake and can be materialized again.
+at::Tensor materialize_tensor(const at::Tensor& t, const MaterializeOptions& options = {});
+
+// Materializes several tensors in one replay: storages they share are computed once and stay
+// shared. Either all of them turn real or, on failure, none does.
+void materialize_tensors(const std::vector<at::Tensor>& tensors,
+                         const MaterializeOptions& options = {});
+
+// Materializes the fake parameters and buffers of `module` and its children (honoring
+// check_fn and buffers_only). Tensors that are already real, because they were materialized
+// before or never were fake, are not touched.
+void materialize_module(torch::nn::Module& module, const MaterializeOptions& options = {});
+
+// True if any parameter or buffer of `module` or its children is still fake.
+bool is_deferred(const torch::nn::Module& module);
+
+}  // namespace torchdefer

@@ -1,0 +1,377 @@
+// The replay engine: materializes a set of recorded fakes by running, in record order, the nodes
+// that write their storages and the storages those read.
+#include "replay.h"
+
+#include <torchdefer/fake_tensor_impl.h>
+#include <torchdefer/ivalue_tensors.h>
+#include <torchdefer/mt19937_jump.h>
+#include <torchdefer/op_graph.h>
+#include <torchdefer/torch_compat.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <unordered_map>
+#include <utility>
+
+namespace torchdefer::detail {
+namespace {
+
+// Note [Replay is all or nothing]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A replay first plans (which storages and nodes it needs), then validates everything that can
+// be checked without computing (every device can hold a tensor, no real input changed since it
+// was recorded, every random op can be placed), then executes into storages nobody else sees,
+// and only then commits: each target fake takes a view of its real storage through
+// shallow_copy_from(), which cannot fail. An exception anywhere before the commit (a bad device,
+// out of memory, an op that throws) leaves every target fake and re-materializable, the real
+// tensors it read untouched, and the default generator as it was.
+
+at::Tensor view_of(const c10::Storage& storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                   int64_t offset, c10::ScalarType dtype) {
+  at::Tensor view = at::empty({0}, at::TensorOptions().dtype(dtype).device(storage.device()));
+  view.set_(storage, offset, sizes, strides);
+  return view;
+}
+
+bool is_device_argument(const c10::Argument& argument) {
+  const auto& type = argument.type();
+  if (type->kind() == c10::TypeKind::DeviceObjType) {
+    return true;
+  }
+  const auto* optional = type->castRaw<c10::OptionalType>();
+  return optional != nullptr && optional->getElementType()->kind() == c10::TypeKind::DeviceObjType;
+}
+
+std::string op_name(const RecordedNode& node) {
+  return c10::toString(node.op.schema().operator_name());
+}
+
+// Restores the default CPU generator when a replay ends, however it ends.
+class GeneratorRestorer {
+ public:
+  GeneratorRestorer() : generator_(at::detail::getDefaultCPUGenerator()) {
+    const std::lock_guard<std::mutex> lock(generator_.mutex());
+    saved_ = generator_.get_state();
+  }
+  ~GeneratorRestorer() {
+    const std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_state(saved_);
+  }
+  GeneratorRestorer(const GeneratorRestorer&) = delete;
+  GeneratorRestorer& operator=(const GeneratorRestorer&) = delete;
+
+ private:
+  at::Generator generator_;
+  at::Tensor saved_;
+};
+
+}  // namespace
+
+GraphReplay::GraphReplay(std::shared_ptr<OpGraph> graph, const MaterializeOptions& options)
+    : graph_(std::move(graph)), options_(options) {}
+
+void GraphReplay::add_target(const at::Tensor& fake) { targets_.push_back(fake); }
+
+int64_t GraphReplay::storage_of_value(int64_t value) const {
+  return graph_->values()[value].storage;
+}
+
+void GraphReplay::plan() {
+  std::vector<int64_t> pending;
+  auto need = [&](int64_t storage) {
+    if (to_replay_.insert(storage).second) {
+      pending.push_back(storage);
+    }
+  };
+  for (const at::Tensor& t : targets_) {
+    const int64_t storage = storage_of_value(recorded(t)->value);
+    c10::intrusive_ptr<c10::StorageImpl> real = graph_->storages()[storage].real.lock();
+    if (real) {
+      available_.emplace(storage, c10::Storage(std::move(real)));
+    } else {
+      need(storage);
+    }
+  }
+  while (!pending.empty()) {
+    const int64_t storage = pending.back();
+    pending.pop_back();
+    const RecordedStorage& record = graph_->storages()[storage];
+    TORCH_CHECK(record.creator >= 0, "torchdefer: cannot materialize: ",
+                op_name(graph_->nodes()[record.writers.front()]), " in deferred_init of ",
+                graph_->context(),
+                " wrote into a fake that deferred_init did not create (made under a plain "
+                "FakeMode or by another deferred_init), so its data has no recorded origin.");
+    for (const int64_t writer : record.writers) {
+      nodes_.insert(writer);
+      for (const RecordedInput& input : graph_->nodes()[writer].inputs) {
+        if (input.kind != RecordedInput::Kind::kValue) {
+          continue;
+        }
+        const int64_t read = storage_of_value(input.value);
+        if (to_replay_.count(read) || readable_as_is(read, writer)) {
+          continue;
+        }
+        need(read);
+      }
+    }
+  }
+}
+
+// A storage that is already real can be read by `node` as it is if nothing recorded writes it
+// after `node`: then its final contents are what `node` read at record time.
+bool GraphReplay::readable_as_is(int64_t storage, int64_t node) {
+  const RecordedStorage& record = graph_->storages()[storage];
+  if (record.writers.back() > node) {
+    return false;
+  }
+  c10::intrusive_ptr<c10::StorageImpl> real = record.real.lock();
+  if (!real) {
+    return false;
+  }
+  available_.emplace(storage, c10::Storage(std::move(real)));
+  return true;
+}
+
+c10::Device GraphReplay::device_for(const RecordedValue& value) const {
+  return options_.device().value_or(value.device);
+}
+
+void GraphReplay::validate() {
+  std::set<std::string> checked_devices;
+  for (const at::Tensor& t : targets_) {
+    const c10::Device device = device_for(graph_->values()[recorded(t)->value]);
+    if (!checked_devices.insert(device.str()).second) {
+      continue;
+    }
+    try {
+      c10::impl::ExcludeDispatchKeyGuard real_only(c10::DispatchKeySet(kFakeKey) |
+                                                   c10::DispatchKeySet(kDeferredInitKey));
+      at::empty({0}, at::TensorOptions().device(device));
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "torchdefer: cannot materialize ", describe(t), " on ", device, ": ",
+                  e.msg(),
+                  "\nChoose a device this process can use with MaterializeOptions().device(...).");
+    }
+  }
+  for (const int64_t index : nodes_) {
+    const RecordedNode& node = graph_->nodes()[index];
+    for (const RecordedInput& input : node.inputs) {
+      if (input.kind == RecordedInput::Kind::kReal && !input.tensor.is_inference()) {
+        TORCH_CHECK(input.tensor._version() == input.version, "torchdefer: ", op_name(node),
+                    " in deferred_init of ", graph_->context(), " read the real tensor ",
+                    describe(input.tensor),
+                    ", which was modified in place after recording "
+                    "(version ",
+                    input.version, " then, ", input.tensor._version(),
+                    " now), so replaying it would not give what construction computed. Keep "
+                    "tensors that a model's construction reads unchanged until it is "
+                    "materialized.");
+      }
+      if (input.kind == RecordedInput::Kind::kForeignFake) {
+        TORCH_CHECK(recorded(input.tensor) != nullptr, "torchdefer: ", op_name(node),
+                    " in deferred_init of ", graph_->context(), " read ", describe(input.tensor),
+                    ", a fake made under a plain FakeMode: it has no recorded data to replay.");
+      }
+    }
+    if (node.draws && node.draws->kind == RecordedDraws::Kind::kUnplaceable) {
+      TORCH_CHECK(false, "torchdefer: cannot replay ", op_name(node), " in deferred_init of ",
+                  graph_->context(), " bit-exactly in torch RNG mode: ", node.draws->reason, ".");
+    }
+  }
+}
+
+at::Tensor GraphReplay::input_tensor(const RecordedInput& input, c10::Device node_device) {
+  switch (input.kind) {
+    case RecordedInput::Kind::kUndefined:
+      return at::Tensor();
+    case RecordedInput::Kind::kValue: {
+      const RecordedValue& value = graph_->values()[input.value];
+      const auto replayed = replayed_.find(value.storage);
+      const c10::Storage& storage =
+          replayed != replayed_.end() ? replayed->second : available_.at(value.storage);
+      return view_of(storage, value.sizes, value.strides, value.storage_offset, value.dtype);
+    }
+    case RecordedInput::Kind::kReal:
+    case RecordedInput::Kind::kConstant:
+    case RecordedInput::Kind::kForeignFake: {
+      const at::Tensor& t = input.tensor;
+      const bool moves =
+          options_.device() && t.device() != node_device && !(t.dim() == 0 && t.device().is_cpu());
+      return moves ? t.to(node_device) : t;
+    }
+  }
+  return at::Tensor();
+}
+
+c10::Device GraphReplay::node_device(const RecordedNode& node) const {
+  for (const int64_t value : node.outputs) {
+    if (value >= 0) {
+      return device_for(graph_->values()[value]);
+    }
+  }
+  for (const RecordedInput& input : node.inputs) {
+    if (input.kind == RecordedInput::Kind::kValue) {
+      return device_for(graph_->values()[input.value]);
+    }
+  }
+  return options_.device().value_or(c10::Device(c10::kCPU));
+}
+
+void GraphReplay::place_generator(const RecordedDraws& draws) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  const std::lock_guard<std::mutex> lock(generator.mutex());
+  const bool continues = rng_anchor_ == draws.anchor &&
+                         draws.kind == RecordedDraws::Kind::kPlaced && draws.offset >= rng_offset_;
+  if (!continues) {
+    generator.set_state(graph_->rng_anchors()[draws.anchor]);
+    rng_offset_ = 0;
+  }
+  auto* impl = at::check_generator<at::CPUGeneratorImpl>(generator);
+  at::mt19937 engine = impl->engine();
+  mt19937_discard(engine, draws.offset - rng_offset_);
+  impl->set_engine(engine);
+  if (draws.kind == RecordedDraws::Kind::kPlaced) {
+    rng_anchor_ = draws.anchor;
+    rng_offset_ = draws.offset + draws.draws;
+  } else {
+    rng_anchor_ = -1;
+  }
+}
+
+void GraphReplay::run_node(int64_t index) {
+  const RecordedNode& node = graph_->nodes()[index];
+  const c10::FunctionSchema& schema = node.op.schema();
+  const c10::Device device = node_device(node);
+  const bool has_tensor_inputs = std::any_of(
+      node.inputs.begin(), node.inputs.end(),
+      [](const RecordedInput& input) { return input.kind != RecordedInput::Kind::kUndefined; });
+  torch::jit::Stack stack;
+  stack.reserve(node.arguments.size());
+  size_t next_input = 0;
+  for (size_t i = 0; i < node.arguments.size(); ++i) {
+    const c10::IValue& argument = node.arguments[i];
+    if (is_device_argument(schema.arguments()[i])) {
+      const bool factory_default = argument.isNone() && !has_tensor_inputs;
+      const bool overridden = argument.isDevice() && options_.device();
+      stack.emplace_back(factory_default || overridden ? c10::IValue(device) : argument);
+      continue;
+    }
+    stack.push_back(map_tensors(argument, [&](const at::Tensor&) {
+      return input_tensor(node.inputs[next_input++], device);
+    }));
+  }
+  if (node.draws && options_.rng() == RngMode::kTorch) {
+    place_generator(*node.draws);
+  }
+  node.op.callBoxed(&stack);
+  size_t output = 0;
+  for (size_t i = 0; i < stack.size(); ++i) {
+    map_tensors(stack[i], [&](const at::Tensor& t) {
+      const int64_t value = output < node.outputs.size() ? node.outputs[output] : -1;
+      ++output;
+      if (value < 0 || !t.defined()) {
+        return t;
+      }
+      const int64_t storage = storage_of_value(value);
+      if (graph_->storages()[storage].creator == index && to_replay_.count(storage)) {
+        replayed_[storage] = t.storage();
+      }
+      return t;
+    });
+  }
+}
+
+void GraphReplay::execute() {
+  for (const RecordedNode* node : foreign_inputs()) {
+    for (const RecordedInput& input : node->inputs) {
+      if (input.kind == RecordedInput::Kind::kForeignFake && is_fake(input.tensor)) {
+        materialize_tensors_in_place({input.tensor}, options_);
+      }
+    }
+  }
+  c10::impl::ExcludeDispatchKeyGuard real_only(c10::DispatchKeySet(kFakeKey) |
+                                               c10::DispatchKeySet(kDeferredInitKey));
+  c10::AutoGradMode no_grad(false);
+  GeneratorRestorer restore_generator;
+  int64_t done = 0;
+  const int64_t total = static_cast<int64_t>(nodes_.size());
+  for (const int64_t index : nodes_) {
+    run_node(index);
+    if (options_.progress()) {
+      options_.progress()({++done, total, op_name(graph_->nodes()[index])});
+    }
+  }
+  views_.reserve(targets_.size());
+  for (const at::Tensor& t : targets_) {
+    const int64_t storage = storage_of_value(recorded(t)->value);
+    const auto replayed = replayed_.find(storage);
+    const c10::Storage& real =
+        replayed != replayed_.end() ? replayed->second : available_.at(storage);
+    views_.push_back(view_of(real, t.sizes(), t.strides(), t.storage_offset(), t.scalar_type()));
+  }
+}
+
+std::vector<const RecordedNode*> GraphReplay::foreign_inputs() const {
+  std::vector<const RecordedNode*> nodes;
+  for (const int64_t index : nodes_) {
+    const RecordedNode& node = graph_->nodes()[index];
+    for (const RecordedInput& input : node.inputs) {
+      if (input.kind == RecordedInput::Kind::kForeignFake) {
+        nodes.push_back(&node);
+        break;
+      }
+    }
+  }
+  return nodes;
+}
+
+void GraphReplay::commit() noexcept {
+  for (size_t i = 0; i < targets_.size(); ++i) {
+    FakeTensorImpl* impl = fake_impl(targets_[i]);
+    if (impl == nullptr) {
+      continue;  // listed twice (a tied weight), and already real
+    }
+    graph_->set_real(storage_of_value(recorded(targets_[i])->value), views_[i].storage());
+    impl->shallow_copy_from(views_[i].getIntrusivePtr());
+  }
+}
+
+void materialize_tensors_in_place(const std::vector<at::Tensor>& tensors,
+                                  const MaterializeOptions& options) {
+  std::map<const OpGraph*, std::unique_ptr<GraphReplay>> replays;
+  for (const at::Tensor& t : tensors) {
+    if (!is_fake(t)) {
+      continue;
+    }
+    const RecordedFake* rec = recorded(t);
+    TORCH_CHECK(rec != nullptr, "torchdefer: cannot materialize ", describe(t),
+                ": it was made under a FakeMode, which records nothing. Create it under "
+                "torchdefer::deferred_init to be able to materialize it.");
+    auto& replay = replays[rec->graph.get()];
+    if (!replay) {
+      replay = std::make_unique<GraphReplay>(rec->graph, options);
+    }
+    replay->add_target(t);
+  }
+  for (auto& [graph, replay] : replays) {
+    const std::lock_guard<std::mutex> lock(const_cast<OpGraph*>(graph)->mutex());
+    replay->plan();
+    replay->validate();
+  }
+  for (auto& [graph, replay] : replays) {
+    replay->execute();
+  }
+  for (auto& [graph, replay] : replays) {
+    replay->commit();
+  }
+}
+
+}  // namespace torchdefer::detail

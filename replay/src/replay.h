@@ -1,0 +1,59 @@
+// The replay engine behind materialize_*: one GraphReplay per recorded graph.
+#pragma once
+
+#include <torchdefer/materialize.h>
+#include <torchdefer/op_graph.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+namespace torchdefer::detail {
+
+// Materializes fakes of one OpGraph: plan(), validate(), execute(), commit(), in that order
+// (Note [Replay is all or nothing]).
+class GraphReplay {
+ public:
+  GraphReplay(std::shared_ptr<OpGraph> graph, const MaterializeOptions& options);
+
+  void add_target(const at::Tensor& fake);
+  // Finds the storages to replay and the nodes that write them.
+  void plan();
+  // Raises, naming the op or tensor, for anything that would make execute() fail or lie.
+  void validate();
+  // Runs the planned nodes into storages private to this replay.
+  void execute();
+  // Turns every target real, in place. Cannot fail.
+  void commit() noexcept;
+
+ private:
+  int64_t storage_of_value(int64_t value) const;
+  bool readable_as_is(int64_t storage, int64_t node);
+  c10::Device device_for(const RecordedValue& value) const;
+  c10::Device node_device(const RecordedNode& node) const;
+  at::Tensor input_tensor(const RecordedInput& input, c10::Device node_device);
+  void place_generator(const RecordedDraws& draws);
+  void run_node(int64_t index);
+  std::vector<const RecordedNode*> foreign_inputs() const;
+
+  std::shared_ptr<OpGraph> graph_;
+  const MaterializeOptions& options_;
+  std::vector<at::Tensor> targets_;
+  std::vector<at::Tensor> views_;              // per target, the real view it becomes
+  std::set<int64_t> to_replay_;                // storages this replay computes
+  std::set<int64_t> nodes_;                    // their writers, in record order
+  std::map<int64_t, c10::Storage> available_;  // storages already real, read as they are
+  std::map<int64_t, c10::Storage> replayed_;   // storages computed by this replay
+  int64_t rng_anchor_ = -1;                    // where the default generator stands
+  uint64_t rng_offset_ = 0;
+};
+
+// materialize_tensors() without argument checks: groups fakes by graph and replays each group.
+void materialize_tensors_in_place(const std::vector<at::Tensor>& tensors,
+                                  const MaterializeOptions& options);
+
+}  // namespace torchdefer::detail

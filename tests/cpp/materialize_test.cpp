@@ -1,0 +1,517 @@
+// Materialization in torch RNG mode: bitwise equal to eager construction, for whole modules and
+// for any subset in any order; in place; tied and nested; all or nothing on failure.
+#include <torchdefer/op_graph.h>
+#include <torchdefer/torchdefer.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "bench/models/llama.h"
+
+#include <algorithm>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace torchdefer {
+namespace {
+
+namespace nn = torch::nn;
+using ::testing::HasSubstr;
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// Equal bits, NaNs and signed zeros included.
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) {
+    return false;
+  }
+  return torch::equal(a.contiguous().reshape({-1}).view(at::kByte),
+                      b.contiguous().reshape({-1}).view(at::kByte));
+}
+
+void expect_same_tensors(const nn::Module& eager, const nn::Module& deferred) {
+  const auto eager_params = eager.named_parameters();
+  const auto deferred_params = deferred.named_parameters();
+  ASSERT_EQ(eager_params.keys(), deferred_params.keys());
+  for (const auto& item : eager_params) {
+    const at::Tensor& d = deferred_params[item.key()];
+    EXPECT_FALSE(is_fake(d)) << item.key();
+    EXPECT_TRUE(bitwise_equal(item.value(), d)) << item.key();
+    EXPECT_EQ(item.value().requires_grad(), d.requires_grad()) << item.key();
+  }
+  const auto eager_buffers = eager.named_buffers();
+  const auto deferred_buffers = deferred.named_buffers();
+  ASSERT_EQ(eager_buffers.keys(), deferred_buffers.keys());
+  for (const auto& item : eager_buffers) {
+    EXPECT_TRUE(bitwise_equal(item.value(), deferred_buffers[item.key()])) << item.key();
+  }
+}
+
+// A GPT-2 block stack with tied input and output embeddings and a causal-mask buffer, initialized
+// the way GPT-2 does (normal(0, 0.02), zero biases, residual projections scaled by depth).
+struct Gpt2Impl : nn::Module {
+  explicit Gpt2Impl(int64_t vocab = 97, int64_t dim = 32, int64_t layers = 2,
+                    int64_t context = 16) {
+    wte = register_module("wte", nn::Embedding(vocab, dim));
+    wpe = register_module("wpe", nn::Embedding(context, dim));
+    blocks = register_module("blocks", nn::ModuleList());
+    for (int64_t i = 0; i < layers; ++i) {
+      auto block = std::make_shared<nn::Module>();
+      block->register_module("ln_1", nn::LayerNorm(nn::LayerNormOptions({dim})));
+      block->register_module("c_attn", nn::Linear(dim, 3 * dim));
+      block->register_module("c_proj", nn::Linear(dim, dim));
+      block->register_module("ln_2", nn::LayerNorm(nn::LayerNormOptions({dim})));
+      block->register_module("c_fc", nn::Linear(dim, 4 * dim));
+      block->register_module("mlp_proj", nn::Linear(4 * dim, dim));
+      block->register_buffer(
+          "bias", torch::tril(torch::ones({context, context})).view({1, 1, context, context}));
+      blocks->push_back(block);
+    }
+    ln_f = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({dim})));
+    lm_head = register_module("lm_head", nn::Linear(nn::LinearOptions(dim, vocab).bias(false)));
+    lm_head->weight = wte->weight;  // tie after construction, as GPT-2 does
+    lm_head->named_parameters(false)["weight"].set_data(wte->weight);
+    torch::NoGradGuard no_grad;
+    for (auto& module : modules(/*include_self=*/false)) {
+      if (auto* linear = module->as<nn::Linear>()) {
+        linear->weight.normal_(0, 0.02);
+        if (linear->bias.defined()) {
+          linear->bias.zero_();
+        }
+      } else if (auto* embedding = module->as<nn::Embedding>()) {
+        embedding->weight.normal_(0, 0.02);
+      }
+    }
+    for (const auto& p : named_parameters()) {
+      if (p.key().find("proj.weight") != std::string::npos) {
+        p.value().normal_(0, 0.02 / std::sqrt(2.0 * layers));
+      }
+    }
+  }
+  nn::Embedding wte{nullptr}, wpe{nullptr};
+  nn::ModuleList blocks{nullptr};
+  nn::LayerNorm ln_f{nullptr};
+  nn::Linear lm_head{nullptr};
+};
+TORCH_MODULE(Gpt2);
+
+// Writes into slices and transposed views of its parameters.
+struct SliceWriterImpl : nn::Module {
+  SliceWriterImpl() {
+    w = register_parameter("w", torch::empty({8, 12}));
+    torch::NoGradGuard no_grad;
+    w.zero_();
+    w.narrow(1, 0, 5).normal_();
+    w.t()[3].uniform_(-1, 1);
+    w.t().narrow(0, 6, 6).narrow(1, 2, 4).normal_(1, 2);
+    w.select(0, 7).fill_(0.5);
+    w.index_put_({torch::indexing::Slice(0, 8, 3), 11}, 4.0);
+    v = register_buffer("v", w.sum(0) * 3);
+  }
+  at::Tensor w, v;
+};
+TORCH_MODULE(SliceWriter);
+
+struct InitFunctionsImpl : nn::Module {
+  InitFunctionsImpl() {
+    a = register_parameter("a", torch::empty({6, 10}));
+    b = register_parameter("b", torch::empty({16, 4, 3, 3}));
+    c = register_parameter("c", torch::empty({5, 7}));
+    d = register_parameter("d", torch::empty({33}));
+    e = register_parameter("e", torch::empty({3, 17}));
+    nn::init::orthogonal_(a);
+    nn::init::kaiming_normal_(b, 0, torch::kFanOut, torch::kReLU);
+    nn::init::xavier_uniform_(c);
+    torch::NoGradGuard no_grad;
+    d.normal_(0, 0.5);  // 33 elements: the normal_ kernel's tail block
+    e.t().normal_();    // non-contiguous: the cached Box-Muller path
+    models::trunc_normal_(c, 0.02, -0.04, 0.04);
+  }
+  at::Tensor a, b, c, d, e;
+};
+TORCH_MODULE(InitFunctions);
+
+struct ModuleFactory {
+  std::string name;
+  std::function<std::shared_ptr<nn::Module>()> make;
+};
+
+void PrintTo(const ModuleFactory& factory, std::ostream* out) { *out << factory.name; }
+
+std::vector<ModuleFactory> module_factories() {
+  return {
+      {"Linear", [] { return nn::Linear(64, 32).ptr(); }},
+      {"Conv2d", [] { return nn::Conv2d(nn::Conv2dOptions(3, 16, 3)).ptr(); }},
+      {"Embedding", [] { return nn::Embedding(100, 48).ptr(); }},
+      {"LayerNorm", [] { return nn::LayerNorm(nn::LayerNormOptions({48})).ptr(); }},
+      {"BatchNorm2d", [] { return nn::BatchNorm2d(16).ptr(); }},
+      {"MultiheadAttention", [] { return nn::MultiheadAttention(64, 8).ptr(); }},
+      {"TransformerEncoderLayer",
+       [] { return nn::TransformerEncoderLayer(nn::TransformerEncoderLayerOptions(64, 4)).ptr(); }},
+      {"LSTM", [] { return nn::LSTM(nn::LSTMOptions(32, 64).num_layers(2)).ptr(); }},
+      {"Gpt2TiedEmbeddings", [] { return Gpt2().ptr(); }},
+      {"LlamaTruncNormalAndRope",
+       [] { return models::Llama(models::LlamaConfig::named("tiny")).ptr(); }},
+      {"SlicesAndTransposedViews", [] { return SliceWriter().ptr(); }},
+      {"OrthogonalKaimingFanOutXavierTruncNormal", [] { return InitFunctions().ptr(); }},
+  };
+}
+
+class TorchMode : public ::testing::TestWithParam<ModuleFactory> {};
+
+TEST_P(TorchMode, MaterializingTheWholeModuleEqualsEagerBitwise) {
+  torch::manual_seed(1234);
+  std::shared_ptr<nn::Module> eager = GetParam().make();
+  const at::Tensor eager_next = torch::rand({5});
+
+  torch::manual_seed(1234);
+  std::shared_ptr<nn::Module> deferred = deferred_init(GetParam().make);
+  const at::Tensor deferred_next = torch::rand({5});
+  EXPECT_TRUE(bitwise_equal(eager_next, deferred_next))
+      << "recording left the generator elsewhere than eager construction";
+  EXPECT_TRUE(is_deferred(*deferred));
+
+  torch::randn({11});  // the generator is used in between: materialization must not care
+  const at::Tensor before = torch::rand({3});
+  torch::manual_seed(99);
+  const at::Tensor expected_after = torch::rand({3});
+  torch::manual_seed(99);
+  materialize_module(*deferred);
+  EXPECT_TRUE(bitwise_equal(torch::rand({3}), expected_after))
+      << "materialization changed the caller's generator";
+  EXPECT_FALSE(is_deferred(*deferred));
+  expect_same_tensors(*eager, *deferred);
+}
+
+TEST_P(TorchMode, MaterializingOneTensorAtATimeInReverseOrderEqualsEagerBitwise) {
+  torch::manual_seed(7);
+  std::shared_ptr<nn::Module> eager = GetParam().make();
+  torch::manual_seed(7);
+  std::shared_ptr<nn::Module> deferred = deferred_init(GetParam().make);
+  std::vector<at::Tensor> tensors = deferred->parameters();
+  for (const at::Tensor& b : deferred->buffers()) {
+    tensors.push_back(b);
+  }
+  std::reverse(tensors.begin(), tensors.end());
+  for (const at::Tensor& t : tensors) {
+    materialize_tensor(t);
+  }
+  expect_same_tensors(*eager, *deferred);
+}
+
+class TorchModeNested : public ::testing::TestWithParam<ModuleFactory> {};
+
+TEST_P(TorchModeNested, MaterializingAChildFirstLeavesItExactlyAsItWas) {
+  torch::manual_seed(3);
+  std::shared_ptr<nn::Module> eager = GetParam().make();
+  torch::manual_seed(3);
+  std::shared_ptr<nn::Module> deferred = deferred_init(GetParam().make);
+  const auto children = deferred->children();
+  ASSERT_FALSE(children.empty());
+  materialize_module(*children.back());
+  std::vector<at::Tensor> child_tensors;
+  std::vector<const void*> child_storages;
+  for (const at::Tensor& p : children.back()->parameters()) {
+    child_tensors.push_back(p.clone());
+    child_storages.push_back(p.data_ptr());
+  }
+  materialize_module(*deferred);
+  const auto after = children.back()->parameters();
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].data_ptr(), child_storages[i]);
+    EXPECT_TRUE(bitwise_equal(after[i], child_tensors[i]));
+  }
+  expect_same_tensors(*eager, *deferred);
+}
+
+std::vector<ModuleFactory> factories_with_children() {
+  std::vector<ModuleFactory> nested;
+  for (const ModuleFactory& factory : module_factories()) {
+    if (!factory.make()->children().empty()) {
+      nested.push_back(factory);
+    }
+  }
+  return nested;
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TorchMode, ::testing::ValuesIn(module_factories()),
+                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Models, TorchModeNested, ::testing::ValuesIn(factories_with_children()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(Materialize, KeepsTheSameTensorImplAndParameterFlags) {
+  auto linear = deferred_init<nn::Linear>(4, 3);
+  const c10::TensorImpl* impl = linear->weight.unsafeGetTensorImpl();
+  at::Tensor alias = linear->named_parameters()["weight"];
+  materialize_module(*linear);
+  EXPECT_EQ(linear->weight.unsafeGetTensorImpl(), impl);
+  EXPECT_FALSE(is_fake(alias));
+  EXPECT_TRUE(alias.requires_grad());
+  EXPECT_TRUE(alias.is_leaf());
+  EXPECT_EQ(alias.device(), c10::Device(c10::kCPU));
+}
+
+TEST(Materialize, KeepsTiedWeightsTiedInOneStorage) {
+  Gpt2 model = deferred_init([] { return Gpt2(); });
+  ASSERT_TRUE(model->lm_head->weight.is_same(model->wte->weight));
+  materialize_module(*model->lm_head);
+  materialize_module(*model);
+  EXPECT_EQ(model->lm_head->weight.data_ptr(), model->wte->weight.data_ptr());
+  const auto params = model->named_parameters();
+  EXPECT_EQ(params["lm_head.weight"].data_ptr(), params["wte.weight"].data_ptr());
+}
+
+TEST(Materialize, SharesStorageBetweenAFakeAndItsViewsMaterializedLater) {
+  at::Tensor base = deferred_init([] { return torch::randn({4, 4}); });
+  at::Tensor view = base.t();
+  materialize_tensor(base);
+  materialize_tensor(view);
+  EXPECT_EQ(view.data_ptr(), base.data_ptr());
+  EXPECT_TRUE(bitwise_equal(view, base.t()));
+}
+
+TEST(Materialize, CheckFnSkipsSubtrees) {
+  auto model = deferred_init([] {
+    return nn::ModuleList(nn::Linear(4, 4), nn::ModuleList(nn::Linear(4, 4), nn::Linear(4, 2)));
+  });
+  MaterializeOptions options;
+  options.check_fn([](const nn::Module& m) { return m.as<nn::ModuleListImpl>() == nullptr; });
+  materialize_module(*model, options);
+  EXPECT_FALSE(is_fake(model[0]->as<nn::Linear>()->weight));
+  EXPECT_TRUE(is_deferred(*model[1]));
+  materialize_module(*model);
+  EXPECT_FALSE(is_deferred(*model));
+}
+
+TEST(Materialize, BuffersOnlyLeavesParametersFake) {
+  auto norm = deferred_init<nn::BatchNorm1d>(8);
+  materialize_module(*norm, MaterializeOptions().buffers_only());
+  EXPECT_FALSE(is_fake(norm->running_mean));
+  EXPECT_TRUE(is_fake(norm->weight));
+}
+
+TEST(Materialize, RecordedOnFakeCudaMaterializesOnTheCpu) {
+  torch::manual_seed(5);
+  nn::Linear eager(6, 5);
+  torch::manual_seed(5);
+  auto deferred = deferred_init([] {
+    FakeMode on_cuda(at::kCUDA);
+    return nn::Linear(6, 5);
+  });
+  EXPECT_TRUE(deferred->weight.is_cuda());
+  materialize_module(*deferred, MaterializeOptions().device(at::kCPU));
+  EXPECT_EQ(deferred->weight.device(), c10::Device(c10::kCPU));
+  EXPECT_TRUE(bitwise_equal(deferred->weight, eager->weight));
+}
+
+TEST(Materialize, RecordsAndReplaysOpsAfterDeferredInitReturned) {
+  torch::manual_seed(11);
+  nn::Linear eager(8, 4);
+  eager->to(torch::kBFloat16);
+  std::vector<at::Tensor> eager_halves = eager->weight.chunk(2);
+  torch::manual_seed(11);
+  auto deferred = deferred_init<nn::Linear>(8, 4);
+  deferred->to(torch::kBFloat16);
+  std::vector<at::Tensor> halves = deferred->weight.chunk(2);
+  materialize_tensor(halves[1]);
+  materialize_module(*deferred);
+  EXPECT_TRUE(bitwise_equal(deferred->weight, eager->weight));
+  EXPECT_TRUE(bitwise_equal(halves[1], eager_halves[1]));
+}
+
+TEST(Materialize, ReportsProgress) {
+  auto model = deferred_init<nn::Linear>(8, 8);
+  int64_t calls = 0;
+  int64_t total = 0;
+  materialize_module(*model, MaterializeOptions().progress([&](const MaterializeProgress& p) {
+    ++calls;
+    total = p.total;
+    EXPECT_LE(p.done, p.total);
+  }));
+  EXPECT_EQ(calls, total);
+  EXPECT_GT(total, 0);
+}
+
+TEST(Materialize, FreesTheGraphOnceEverythingIsReal) {
+  const int64_t before = detail::live_recorded_nodes();
+  auto model = deferred_init([] { return models::Llama(models::LlamaConfig::named("tiny")); });
+  EXPECT_GT(detail::live_recorded_nodes(), before);
+  materialize_module(*model);
+  EXPECT_EQ(detail::live_recorded_nodes(), before);
+}
+
+TEST(MaterializeErrors, AnUnusableDeviceNamesItAndLosesNothing) {
+  // No machine has a 100th GPU, and a CPU-only LibTorch has no first one.
+  auto model = deferred_init<nn::Linear>(4, 4);
+  const c10::Device missing(c10::kCUDA, 99);
+  const std::string message =
+      error_of([&] { materialize_module(*model, MaterializeOptions().device(missing)); });
+  EXPECT_THAT(message, HasSubstr("cannot materialize"));
+  EXPECT_THAT(message, HasSubstr("cuda:99"));
+  EXPECT_THAT(message, HasSubstr("MaterializeOptions().device"));
+  EXPECT_TRUE(is_fake(model->weight));
+  EXPECT_TRUE(is_fake(model->bias));
+  materialize_module(*model);
+  EXPECT_FALSE(is_deferred(*model));
+}
+
+TEST(MaterializeErrors, ARealInputMutatedAfterRecordingNamesTheOpAndLosesNothing) {
+  at::Tensor source = torch::ones({3});
+  at::Tensor w = deferred_init([&] { return torch::empty({3}).copy_(source).mul_(2); });
+  source.add_(1);
+  const std::string message = error_of([&] { materialize_tensor(w); });
+  EXPECT_THAT(message, HasSubstr("aten::copy_"));
+  EXPECT_THAT(message, HasSubstr("modified in place after recording"));
+  EXPECT_TRUE(is_fake(w));
+  EXPECT_EQ(source[0].item<float>(), 2.0f);
+}
+
+TEST(MaterializeErrors, AFakeMadeUnderFakeModeCannotBeMaterialized) {
+  at::Tensor t;
+  {
+    FakeMode fake;
+    t = torch::ones({2});
+  }
+  EXPECT_THAT(error_of([&] { materialize_tensor(t); }), HasSubstr("made under a FakeMode"));
+  EXPECT_TRUE(is_fake(t));
+}
+
+TEST(MaterializeErrors, AnExplicitGeneratorIsNamed) {
+  at::Generator generator = at::detail::createCPUGenerator(3);
+  at::Tensor w = deferred_init([&] { return torch::empty({20}).normal_(0, 1, generator); });
+  const std::string message = error_of([&] { materialize_tensor(w); });
+  EXPECT_THAT(message, HasSubstr("aten::normal_"));
+  EXPECT_THAT(message, HasSubstr("explicit generator"));
+  EXPECT_TRUE(is_fake(w));
+}
+
+// Random init programs: factories, views, in-place writes through views, random ops and casts,
+// built from a seed; run eagerly and under deferred_init, then materialized one output at a time
+// in a shuffled order, they must agree bit for bit.
+class RandomProgram {
+ public:
+  explicit RandomProgram(uint32_t seed) : seed_(seed) {}
+
+  std::vector<at::Tensor> run() const {
+    std::mt19937 structure(seed_);
+    auto pick = [&](int n) { return static_cast<int>(structure() % n); };
+    std::vector<at::Tensor> tensors;
+    const int steps = 4 + pick(10);
+    for (int step = 0; step < steps; ++step) {
+      const int64_t rows = 1 + pick(20);
+      const int64_t cols = 1 + pick(40);
+      if (tensors.empty() || pick(4) == 0) {
+        tensors.push_back(make_factory(pick(7), rows, cols));
+        continue;
+      }
+      at::Tensor& t = tensors[pick(static_cast<int>(tensors.size()))];
+      at::Tensor target = view_of(t, pick(5), pick);
+      torch::NoGradGuard no_grad;
+      switch (pick(8)) {
+        case 0:
+          target.normal_(0.5, 2.0);
+          break;
+        case 1:
+          target.uniform_(-3, 3);
+          break;
+        case 2:
+          target.fill_(1.25);
+          break;
+        case 3:
+          target.mul_(0.5).add_(1);
+          break;
+        case 4:
+          target.clamp_(-0.5, 0.5);
+          break;
+        case 5:
+          target.random_(0, 9);
+          break;
+        case 6:
+          tensors.push_back(t.to(pick(2) ? at::kDouble : at::kBFloat16));
+          break;
+        default:
+          tensors.push_back(t * 2 + torch::rand_like(t));
+          break;
+      }
+    }
+    return tensors;
+  }
+
+ private:
+  static at::Tensor make_factory(int kind, int64_t rows, int64_t cols) {
+    switch (kind) {
+      case 0:
+        return torch::zeros({rows, cols});
+      case 1:
+        return torch::ones({rows, cols}, torch::kDouble);
+      case 2:
+        return torch::rand({rows, cols});
+      case 3:
+        return torch::randn({rows, cols}, torch::kHalf).to(torch::kFloat);
+      case 4:
+        return torch::randn({rows, cols});
+      case 5:
+        return torch::arange(rows * cols, torch::kFloat).view({rows, cols});
+      default:
+        return torch::full({rows, cols}, 2.5);
+    }
+  }
+
+  template <typename Pick>
+  static at::Tensor view_of(const at::Tensor& t, int kind, Pick& pick) {
+    if (t.dim() != 2) {
+      return t;
+    }
+    switch (kind) {
+      case 0:
+        return t.t();
+      case 1:
+        return t.narrow(1, pick(static_cast<int>(t.size(1))), 1);
+      case 2:
+        return t.select(0, pick(static_cast<int>(t.size(0))));
+      case 3:
+        return t.narrow(0, 0, 1 + pick(static_cast<int>(t.size(0))));
+      default:
+        return t;
+    }
+  }
+
+  uint32_t seed_;
+};
+
+TEST(RandomPrograms, MaterializeInAnyOrderToTheEagerBits) {
+  constexpr uint32_t kPrograms = 300;
+  for (uint32_t seed = 0; seed < kPrograms; ++seed) {
+    const RandomProgram program(seed);
+    torch::manual_seed(seed);
+    const std::vector<at::Tensor> eager = program.run();
+    const at::Tensor eager_next = torch::rand({2});
+    torch::manual_seed(seed);
+    const std::vector<at::Tensor> deferred = deferred_init([&] { return program.run(); });
+    ASSERT_TRUE(bitwise_equal(torch::rand({2}), eager_next)) << "program " << seed;
+    std::vector<size_t> order(deferred.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+    for (size_t i : order) {
+      materialize_tensor(deferred[i]);
+    }
+    for (size_t i = 0; i < eager.size(); ++i) {
+      ASSERT_TRUE(bitwise_equal(eager[i], deferred[i]))
+          << "program " << seed << ", output " << i << ": " << explain(eager[i]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace torchdefer
