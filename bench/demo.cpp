@@ -1,8 +1,12 @@
-// The torchdefer demo: builds a Llama-shaped decoder (default: the 70B shape) under a fake CUDA
-// device on any machine and reports what it would take, in seconds and a few hundred MB.
+// The torchdefer demo, on any machine:
+//  1. records the construction of a Llama-shaped decoder (default: the 70B shape) on a fake CUDA
+//     device with deferred_init, and reports its size, the time and the peak RSS;
+//  2. shows how a few of its parameters will be produced (explain);
+//  3. materializes a small Llama end to end and checks it bit for bit against eager construction.
 //
-//   torchdefer_demo [--model llama3-70b] [--device cuda] [--dim N --layers N --heads N
-//                    --kv-heads N --ffn N --vocab N]
+//   torchdefer_demo [--model llama3-70b] [--device cuda] [--verify-model llama-30m | none]
+//                   [--dim N --layers N --heads N --kv-heads N --ffn N --vocab N]
+#include <torchdefer/op_graph.h>
 #include <torchdefer/torchdefer.h>
 
 #include <sys/resource.h>
@@ -14,6 +18,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace {
@@ -23,15 +28,20 @@ using torchdefer::models::LlamaConfig;
 struct Options {
   LlamaConfig config = LlamaConfig::named("llama3-70b");
   c10::Device device = c10::Device(c10::kCUDA, 0);
+  std::optional<LlamaConfig> verify = LlamaConfig::named("llama-30m");
 };
 
 [[noreturn]] void usage(const std::string& problem) {
-  std::cerr << "torchdefer_demo: " << problem << "\n"
-            << "usage: torchdefer_demo [--model NAME] [--device DEVICE] [--dim N] [--layers N]\n"
-            << "                       [--heads N] [--kv-heads N] [--ffn N] [--vocab N]\n"
-            << "  NAME: llama3-405b, llama3-70b (default), llama3-8b, llama3.2-1b, llama-125m,"
-               " tiny\n"
-            << "  DEVICE: the device the fake model reports (default cuda; no GPU needed)\n";
+  std::cerr
+      << "torchdefer_demo: " << problem << "\n"
+      << "usage: torchdefer_demo [--model NAME] [--device DEVICE] [--verify-model NAME|none]\n"
+      << "                       [--dim N] [--layers N] [--heads N] [--kv-heads N] [--ffn N]\n"
+      << "                       [--vocab N]\n"
+      << "  NAME: llama3-405b, llama3-70b (default), llama3-8b, llama3.2-1b, llama-125m,"
+         " llama-30m, tiny\n"
+      << "  DEVICE: the device the recorded model reports (default cuda; no GPU needed)\n"
+      << "  --verify-model: the model materialized and checked against eager (default "
+         "llama-30m)\n";
   std::exit(2);
 }
 
@@ -65,6 +75,13 @@ Options parse(int argc, char** argv) {
     if (flag == "--model") {
       try {
         options.config = LlamaConfig::named(value);
+      } catch (const std::invalid_argument& e) {
+        usage(e.what());
+      }
+    } else if (flag == "--verify-model") {
+      try {
+        options.verify =
+            value == "none" ? std::nullopt : std::optional<LlamaConfig>(LlamaConfig::named(value));
       } catch (const std::invalid_argument& e) {
         usage(e.what());
       }
@@ -108,44 +125,98 @@ std::string human_bytes(double bytes) {
   return text;
 }
 
-// Step 1: build the model under a fake device and summarize it.
-void summarize_fake_model(const Options& options) {
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Step 1: record the model's construction on a fake device and summarize it.
+torchdefer::models::Llama record_model(const Options& options) {
   const LlamaConfig& c = options.config;
-  std::cout << "Building " << c.name << " (dim " << c.dim << ", " << c.n_layers << " layers, "
+  std::cout << "1. Recording " << c.name << " (dim " << c.dim << ", " << c.n_layers << " layers, "
             << c.n_heads << " heads, " << c.n_kv_heads << " KV heads, FFN " << c.ffn_dim
-            << ", vocab " << c.vocab_size << ") under FakeMode(" << options.device << ")\n";
+            << ", vocab " << c.vocab_size << ") with deferred_init on " << options.device << "\n";
 
   const auto start = std::chrono::steady_clock::now();
-  torchdefer::FakeMode fake(options.device);
-  torchdefer::models::Llama model(c);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto model = torchdefer::deferred_init([&] {
+    torchdefer::FakeMode on_device(options.device);
+    return torchdefer::models::Llama(c);
+  });
+  const double seconds = seconds_since(start);
 
   int64_t parameters = 0;
   std::map<std::string, double> bytes_by_dtype;
-  c10::Device device = options.device;
   bool all_fake = true;
   for (const at::Tensor& t : model->parameters()) {
     parameters += t.numel();
     bytes_by_dtype[c10::toString(t.scalar_type())] += static_cast<double>(t.nbytes());
-    device = t.device();
     all_fake = all_fake && torchdefer::is_fake(t);
   }
   double buffer_bytes = 0;
   for (const at::Tensor& t : model->buffers()) {
     buffer_bytes += static_cast<double>(t.nbytes());
   }
-
-  std::printf("  parameters      %.3f B (%lld)\n", static_cast<double>(parameters) / 1e9,
+  std::printf("   parameters      %.3f B (%lld)\n", static_cast<double>(parameters) / 1e9,
               static_cast<long long>(parameters));
   for (const auto& [dtype, bytes] : bytes_by_dtype) {
-    std::printf("  %-15s %s of parameters\n", dtype.c_str(), human_bytes(bytes).c_str());
+    std::printf("   %-15s %s of parameters\n", dtype.c_str(), human_bytes(bytes).c_str());
   }
-  std::printf("  buffers         %s\n", human_bytes(buffer_bytes).c_str());
-  std::printf("  device          %s (fake: %s)\n", device.str().c_str(), all_fake ? "yes" : "NO");
-  std::printf("  wall time       %.3f s\n", seconds);
-  std::printf("  peak RSS        %.0f MB (for a model whose weights take %s)\n", peak_rss_mb(),
+  std::printf("   buffers         %s\n", human_bytes(buffer_bytes).c_str());
+  std::printf("   device          %s (fake: %s)\n",
+              model->parameters().front().device().str().c_str(), all_fake ? "yes" : "NO");
+  std::printf("   recorded ops    %lld\n",
+              static_cast<long long>(torchdefer::detail::live_recorded_nodes()));
+  std::printf("   wall time       %.3f s\n", seconds);
+  std::printf("   peak RSS        %.0f MB (for a model whose weights take %s)\n", peak_rss_mb(),
               human_bytes(bytes_by_dtype["Float"]).c_str());
+  return model;
+}
+
+// Step 2: how a few parameters will be produced.
+void explain_some(const torchdefer::models::Llama& model) {
+  std::cout << "2. How some parameters will be produced (torchdefer::explain)\n";
+  const auto parameters = model->named_parameters();
+  for (const char* name : {"tok_embeddings.weight", "layers.0.attention.wq.weight",
+                           "layers.0.feed_forward.w2.weight", "norm.weight"}) {
+    std::cout << "   " << name << ": " << torchdefer::explain(parameters[name]) << "\n";
+  }
+}
+
+// Step 3: materialize a small model end to end and compare it with eager construction.
+bool verify_small_model(const LlamaConfig& config) {
+  std::cout << "3. Materializing " << config.name << " and comparing it with eager construction"
+            << " (torch RNG mode, CPU)\n";
+  constexpr uint64_t kSeed = 20261121;
+  torch::manual_seed(kSeed);
+  auto start = std::chrono::steady_clock::now();
+  torchdefer::models::Llama eager(config);
+  const double eager_seconds = seconds_since(start);
+
+  torch::manual_seed(kSeed);
+  start = std::chrono::steady_clock::now();
+  auto deferred = torchdefer::deferred_init([&] { return torchdefer::models::Llama(config); });
+  const double record_seconds = seconds_since(start);
+  start = std::chrono::steady_clock::now();
+  torchdefer::materialize_module(*deferred);
+  const double materialize_seconds = seconds_since(start);
+
+  int64_t mismatches = 0;
+  int64_t parameters = 0;
+  const auto eager_tensors = eager->named_parameters();
+  for (const auto& item : deferred->named_parameters()) {
+    parameters += item.value().numel();
+    const at::Tensor& e = eager_tensors[item.key()];
+    if (!torch::equal(e.reshape({-1}).view(at::kByte),
+                      item.value().reshape({-1}).view(at::kByte))) {
+      std::cout << "   MISMATCH: " << item.key() << "\n";
+      ++mismatches;
+    }
+  }
+  std::printf("   parameters      %.1f M\n", static_cast<double>(parameters) / 1e6);
+  std::printf("   eager           %.3f s\n", eager_seconds);
+  std::printf("   record          %.3f s\n", record_seconds);
+  std::printf("   materialize     %.3f s\n", materialize_seconds);
+  std::printf("   bitwise equal   %s\n", mismatches == 0 ? "yes, every parameter" : "NO");
+  return mismatches == 0;
 }
 
 }  // namespace
@@ -153,7 +224,13 @@ void summarize_fake_model(const Options& options) {
 int main(int argc, char** argv) {
   const Options options = parse(argc, argv);
   try {
-    summarize_fake_model(options);
+    {
+      torchdefer::models::Llama model = record_model(options);
+      explain_some(model);
+    }
+    if (options.verify && !verify_small_model(*options.verify)) {
+      return 1;
+    }
   } catch (const std::exception& e) {
     std::cerr << "torchdefer_demo failed: " << e.what() << "\n";
     return 1;

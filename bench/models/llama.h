@@ -32,7 +32,8 @@ struct LlamaConfig {
     return n_layers * per_layer + 2 * vocab_size * dim + dim;
   }
 
-  // Looks up a named size: llama3-405b, llama3-70b, llama3-8b, llama3.2-1b, llama-125m, tiny.
+  // Looks up a named size: llama3-405b, llama3-70b, llama3-8b, llama3.2-1b, llama-125m,
+  // llama-30m, tiny.
   static LlamaConfig named(const std::string& name);
 };
 
@@ -47,6 +48,9 @@ inline LlamaConfig LlamaConfig::named(const std::string& name) {
     c.dim = 4096, c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 8, c.ffn_dim = 14336;
   } else if (name == "llama3.2-1b") {
     c.dim = 2048, c.n_layers = 16, c.n_heads = 32, c.n_kv_heads = 8, c.ffn_dim = 8192;
+  } else if (name == "llama-30m") {
+    c.dim = 384, c.n_layers = 6, c.n_heads = 6, c.n_kv_heads = 2, c.ffn_dim = 1024;
+    c.vocab_size = 32000, c.max_seq_len = 1024;
   } else if (name == "llama-125m") {
     c.dim = 768, c.n_layers = 12, c.n_heads = 12, c.n_kv_heads = 12, c.ffn_dim = 2048;
     c.vocab_size = 32000, c.max_seq_len = 2048;
@@ -56,7 +60,7 @@ inline LlamaConfig LlamaConfig::named(const std::string& name) {
   } else {
     throw std::invalid_argument("unknown Llama size '" + name +
                                 "'; known: llama3-405b, llama3-70b, llama3-8b, llama3.2-1b, "
-                                "llama-125m, tiny");
+                                "llama-125m, llama-30m, tiny");
   }
   return c;
 }
