@@ -1,0 +1,80 @@
+// Counter-based random numbers: every element of a random op's output is a pure function of
+// (seed, stream, element index), so any slice of any tensor can be generated on its own, on any
+// rank, with the same bits that the full tensor has.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+#include <array>
+#include <cstdint>
+
+namespace torchdefer {
+
+// Note [Counter RNG]
+// ~~~~~~~~~~~~~~~~~~
+// Generator: Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11),
+// key = (lo32(seed), hi32(seed)), counter = (lo32(b), hi32(b), lo32(stream), hi32(stream)) for
+// block b. Element e of an op's output (its row-major index in the op's own output shape) uses
+// word e % 4 of block e / 4 when it needs 32 random bits, or words 2(e % 2) and 2(e % 2) + 1 of
+// block e / 2 when it needs 64 (float64 uniform and normal draws, random ranges wider than 2^32).
+//
+//  * uniform: u = (w >> 8)·2^-24 (float32, float16, bfloat16) or (x >> 11)·2^-53 (float64, x
+//    the 64-bit draw with the odd word high), value from + (to − from)·u in double, rounded to
+//    the dtype to nearest even (float16 and bfloat16 to float32 first, then to 16 bits); a value
+//    that rounds to `to` becomes `from`, as in ATen.
+//  * normal: elements pair up as (2k, 2k + 1) inside a block; Box–Muller on that pair's words,
+//    u1 = (w0 + 1)·2^-32 ∈ (0, 1], u2 = w1·2^-32, r = sqrt(−2 ln u1), the even element
+//    mean + std·r·cos 2πu2 and the odd one mean + std·r·sin 2πu2, in double, then rounded (for
+//    float64, u1 and u2 take 53 bits from the two 64-bit halves of the block).
+//  * bernoulli(p): w·2^-32 < p. random(from, to): from + draw mod (to − from), the draw 32 or 64
+//    bits by the range. exponential(λ): −ln(u1)/λ. log_normal: exp of the normal value.
+//    cauchy(m, σ): m + σ·tan(π(u − ½)). geometric(p): max(1, ceil(ln u1 / ln(1 − p))).
+//
+// Every step is IEEE + − × ÷ and sqrt, exact bit operations, and torchdefer's own log, exp and
+// sincos built from those (counter_math below); the translation unit is compiled with FP
+// contraction off. So the bits do not depend on the C library, the CPU or the compiler's fusing
+// of multiply-adds, and a CUDA kernel written from this note reproduces them.
+
+// One Philox4x32-10 block.
+std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
+
+enum class CounterDistribution {
+  kUniform,      // a = from, b = to
+  kNormal,       // a = mean, b = std
+  kBernoulli,    // a = p
+  kRandom,       // from = from, range = to − from (0: the dtype's default random_() range)
+  kExponential,  // a = lambda
+  kLogNormal,    // a = mean, b = std (of the underlying normal)
+  kCauchy,       // a = median, b = sigma
+  kGeometric,    // a = p
+};
+
+struct CounterDistributionParams {
+  CounterDistribution distribution = CounterDistribution::kUniform;
+  double a = 0.0;
+  double b = 1.0;
+  int64_t from = 0;
+  uint64_t range = 0;
+};
+
+// The element space of one random op's output: its global shape, and where `out` sits in it.
+// An empty `start` means `out` is the whole output.
+struct CounterRegion {
+  c10::IntArrayRef global_sizes;
+  c10::IntArrayRef start;
+};
+
+// Fills `out` (any strides, any floating, integer or bool dtype the distribution allows) with
+// the values of the elements of op output `region` at `out`'s positions. Multi-threaded.
+void counter_fill(const at::Tensor& out, const CounterDistributionParams& params, uint64_t seed,
+                  uint64_t stream, CounterRegion region = {});
+
+// The deterministic math the distributions use, exposed for tests.
+namespace counter_math {
+double log(double x);  // x > 0, finite
+double exp(double x);
+void sincos_2pi(double t, double* sin, double* cos);  // sin and cos of 2πt
+}  // namespace counter_math
+
+}  // namespace torchdefer

@@ -1,0 +1,404 @@
+// Counter RNG (Note [Counter RNG]). Compiled with -ffp-contract=off (replay/CMakeLists.txt).
+#include <torchdefer/counter_rng.h>
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#include <array>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace torchdefer {
+
+std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
+  constexpr uint32_t kMul0 = 0xD2511F53u;
+  constexpr uint32_t kMul1 = 0xCD9E8D57u;
+  constexpr uint32_t kWeyl0 = 0x9E3779B9u;
+  constexpr uint32_t kWeyl1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k[0] += kWeyl0;
+      k[1] += kWeyl1;
+    }
+    const uint64_t p0 = uint64_t{kMul0} * c[0];
+    const uint64_t p1 = uint64_t{kMul1} * c[2];
+    c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<uint32_t>(p1),
+         static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k[1], static_cast<uint32_t>(p0)};
+  }
+  return c;
+}
+
+namespace counter_math {
+namespace {
+
+constexpr double kLn2Hi = 6.93147180369123816490e-01;  // ln 2 rounded to 32 significant bits
+constexpr double kLn2Lo = 1.90821492927058770002e-10;  // ln 2 − kLn2Hi
+constexpr double kInvLn2 = 1.44269504088896338700;
+constexpr double kHalfPi = 1.57079632679489661923;
+constexpr double kSqrt2 = 1.41421356237309504880;
+
+// 1/n! for n = 0..20, exact to double rounding.
+constexpr std::array<double, 21> kInverseFactorial = {
+    1.0,
+    1.0,
+    1.0 / 2.0,
+    1.0 / 6.0,
+    1.0 / 24.0,
+    1.0 / 120.0,
+    1.0 / 720.0,
+    1.0 / 5040.0,
+    1.0 / 40320.0,
+    1.0 / 362880.0,
+    1.0 / 3628800.0,
+    1.0 / 39916800.0,
+    1.0 / 479001600.0,
+    1.0 / 6227020800.0,
+    1.0 / 87178291200.0,
+    1.0 / 1307674368000.0,
+    1.0 / 20922789888000.0,
+    1.0 / 355687428096000.0,
+    1.0 / 6402373705728000.0,
+    1.0 / 121645100408832000.0,
+    1.0 / 2432902008176640000.0,
+};
+
+double from_bits(uint64_t bits) {
+  double d;
+  std::memcpy(&d, &bits, sizeof(d));
+  return d;
+}
+
+uint64_t to_bits(double d) {
+  uint64_t bits;
+  std::memcpy(&bits, &d, sizeof(bits));
+  return bits;
+}
+
+// sin and cos of x ∈ [0, π/4] by Taylor series to x^19 and x^20 (truncation below 1e-21).
+void sincos_quarter(double x, double* s, double* c) {
+  const double x2 = x * x;
+  double ps = kInverseFactorial[19];
+  for (int n = 17; n >= 1; n -= 2) {
+    ps = kInverseFactorial[n] - x2 * ps;
+  }
+  double pc = kInverseFactorial[20];
+  for (int n = 18; n >= 0; n -= 2) {
+    pc = kInverseFactorial[n] - x2 * pc;
+  }
+  *s = x * ps;
+  *c = pc;
+}
+
+}  // namespace
+
+double log(double x) {
+  // x = m·2^k with m ∈ [√½, √2): ln x = k·ln 2 + 2·atanh(s), s = (m − 1)/(m + 1), |s| ≤ 0.172.
+  uint64_t bits = to_bits(x);
+  int64_t k = static_cast<int64_t>((bits >> 52) & 0x7ff) - 1023;
+  double m = from_bits((bits & 0x000fffffffffffffull) | 0x3ff0000000000000ull);
+  if (m > kSqrt2) {
+    m = m * 0.5;
+    ++k;
+  }
+  const double s = (m - 1.0) / (m + 1.0);
+  const double s2 = s * s;
+  double p = 1.0 / 25.0;
+  for (int n = 23; n >= 1; n -= 2) {
+    p = 1.0 / n + s2 * p;
+  }
+  const double kd = static_cast<double>(k);
+  return kd * kLn2Hi + (kd * kLn2Lo + 2.0 * s * p);
+}
+
+double exp(double x) {
+  if (x > 709.78) {
+    return std::numeric_limits<double>::infinity();
+  }
+  if (x < -745.13) {
+    return 0.0;
+  }
+  // x = k·ln 2 + r, |r| ≤ ½ ln 2: exp x = 2^k · exp r, exp r by its Taylor series to r^17.
+  const double kd = static_cast<double>(static_cast<int64_t>(x * kInvLn2 + (x < 0 ? -0.5 : 0.5)));
+  const double r = (x - kd * kLn2Hi) - kd * kLn2Lo;
+  double p = kInverseFactorial[17];
+  for (int n = 16; n >= 0; --n) {
+    p = kInverseFactorial[n] + r * p;
+  }
+  // 2^k in two steps so that k down to −1074 stays representable.
+  const int64_t k = static_cast<int64_t>(kd);
+  const int64_t k1 = k / 2;
+  const int64_t k2 = k - k1;
+  return p * from_bits(static_cast<uint64_t>(k1 + 1023) << 52) *
+         from_bits(static_cast<uint64_t>(k2 + 1023) << 52);
+}
+
+void sincos_2pi(double t, double* sin, double* cos) {
+  // sin(−x) = −sin x: reduce the sign first, exactly.
+  const bool negative = t < 0;
+  if (negative) {
+    t = -t;
+  }
+  // 2πt = q·π/2 + (π/2)·f with q = ⌊4t⌋ and f ∈ [0, 1); both exact in binary.
+  const double y = 4.0 * (t - static_cast<double>(static_cast<int64_t>(t)));
+  const int64_t q = static_cast<int64_t>(y);
+  const double f = y - static_cast<double>(q);
+  double s, c;
+  if (f <= 0.5) {
+    sincos_quarter(f * kHalfPi, &s, &c);
+  } else {
+    sincos_quarter((1.0 - f) * kHalfPi, &c, &s);
+  }
+  switch (q & 3) {
+    case 0:
+      *sin = s, *cos = c;
+      break;
+    case 1:
+      *sin = c, *cos = -s;
+      break;
+    case 2:
+      *sin = -s, *cos = -c;
+      break;
+    default:
+      *sin = -c, *cos = s;
+      break;
+  }
+  if (negative) {
+    *sin = -*sin;
+  }
+}
+
+}  // namespace counter_math
+
+namespace {
+
+constexpr double kTwoPow32 = 4294967296.0;
+
+// Bits per element of a draw: 32, or 64 for float64 uniform/normal and wide random ranges.
+bool uses_64_bits(const CounterDistributionParams& params, c10::ScalarType dtype) {
+  switch (params.distribution) {
+    case CounterDistribution::kRandom:
+      return params.range == 0 ? (dtype == at::kLong || dtype == at::kDouble)
+                               : params.range > (uint64_t{1} << 32);
+    case CounterDistribution::kBernoulli:
+      return false;
+    default:
+      return dtype == at::kDouble;
+  }
+}
+
+// The random words of one op (one seed and stream), one Philox block at a time.
+class Blocks {
+ public:
+  Blocks(uint64_t seed, uint64_t stream)
+      : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)},
+        stream_lo_(static_cast<uint32_t>(stream)),
+        stream_hi_(static_cast<uint32_t>(stream >> 32)) {}
+
+  const std::array<uint32_t, 4>& block(uint64_t b) {
+    if (b != current_ || !valid_) {
+      words_ = philox4x32_10(
+          {static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32), stream_lo_, stream_hi_}, key_);
+      current_ = b;
+      valid_ = true;
+    }
+    return words_;
+  }
+
+ private:
+  std::array<uint32_t, 2> key_;
+  uint32_t stream_lo_;
+  uint32_t stream_hi_;
+  std::array<uint32_t, 4> words_{};
+  uint64_t current_ = 0;
+  bool valid_ = false;
+};
+
+uint64_t word64(const std::array<uint32_t, 4>& w, int half) {
+  return (uint64_t{w[2 * half + 1]} << 32) | w[2 * half];
+}
+
+// A standard normal for element e (Box–Muller on its pair, Note [Counter RNG]).
+double standard_normal(Blocks& blocks, uint64_t e, bool wide) {
+  double u1;
+  double u2;
+  bool odd;
+  if (wide) {
+    const auto& w = blocks.block(e / 2);
+    u1 = static_cast<double>((word64(w, 0) >> 11) + 1) * 0x1p-53;
+    u2 = static_cast<double>(word64(w, 1) >> 11) * 0x1p-53;
+    odd = e % 2 == 1;
+  } else {
+    const auto& w = blocks.block(e / 4);
+    const int pair = static_cast<int>(e % 4) / 2;
+    u1 = (static_cast<double>(w[2 * pair]) + 1.0) / kTwoPow32;
+    u2 = static_cast<double>(w[2 * pair + 1]) / kTwoPow32;
+    odd = e % 2 == 1;
+  }
+  const double r = std::sqrt(-2.0 * counter_math::log(u1));
+  double s, c;
+  counter_math::sincos_2pi(u2, &s, &c);
+  return r * (odd ? s : c);
+}
+
+// A uniform in [0, 1) for element e: 24 bits (32-bit draws) or 53 (64-bit draws).
+double unit_uniform(Blocks& blocks, uint64_t e, bool wide) {
+  if (wide) {
+    return static_cast<double>(word64(blocks.block(e / 2), static_cast<int>(e % 2)) >> 11) *
+           0x1p-53;
+  }
+  return static_cast<double>(blocks.block(e / 4)[e % 4] >> 8) * 0x1p-24;
+}
+
+// A uniform in (0, 1] for element e, for logarithms.
+double open_unit_uniform(Blocks& blocks, uint64_t e, bool wide) {
+  if (wide) {
+    return static_cast<double>((word64(blocks.block(e / 2), static_cast<int>(e % 2)) >> 11) + 1) *
+           0x1p-53;
+  }
+  return (static_cast<double>(blocks.block(e / 4)[e % 4]) + 1.0) / kTwoPow32;
+}
+
+uint64_t raw_draw(Blocks& blocks, uint64_t e, bool wide) {
+  return wide ? word64(blocks.block(e / 2), static_cast<int>(e % 2)) : blocks.block(e / 4)[e % 4];
+}
+
+template <typename T>
+uint64_t default_random_range() {
+  if constexpr (std::is_same_v<T, bool>) {
+    return 2;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return (uint64_t{1} << 53) + 1;
+  } else if constexpr (std::is_same_v<T, float>) {
+    return (uint64_t{1} << 24) + 1;
+  } else if constexpr (std::is_same_v<T, c10::Half>) {
+    return (uint64_t{1} << 11) + 1;
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return (uint64_t{1} << 8) + 1;
+  } else {
+    return static_cast<uint64_t>(std::numeric_limits<T>::max()) + 1;
+  }
+}
+
+// A double to the dtype, to nearest even; float16 and bfloat16 through float32, as Note
+// [Counter RNG] specifies (a CUDA kernel computes them in float32 too).
+template <typename T>
+T to_dtype(double value) {
+  if constexpr (std::is_same_v<T, double>) {
+    return value;
+  } else if constexpr (std::is_same_v<T, float>) {
+    return static_cast<float>(value);
+  } else if constexpr (std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
+    return T(static_cast<float>(value));
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return value != 0.0;
+  } else {
+    return static_cast<T>(value);
+  }
+}
+
+template <typename T>
+T element_value(const CounterDistributionParams& p, Blocks& blocks, uint64_t e, bool wide) {
+  switch (p.distribution) {
+    case CounterDistribution::kUniform: {
+      const T value = to_dtype<T>(p.a + (p.b - p.a) * unit_uniform(blocks, e, wide));
+      return value == to_dtype<T>(p.b) ? to_dtype<T>(p.a) : value;
+    }
+    case CounterDistribution::kNormal:
+      return to_dtype<T>(p.a + p.b * standard_normal(blocks, e, wide));
+    case CounterDistribution::kLogNormal:
+      return to_dtype<T>(counter_math::exp(p.a + p.b * standard_normal(blocks, e, wide)));
+    case CounterDistribution::kBernoulli:
+      return to_dtype<T>(static_cast<double>(blocks.block(e / 4)[e % 4]) / kTwoPow32 < p.a ? 1.0
+                                                                                           : 0.0);
+    case CounterDistribution::kRandom: {
+      const uint64_t range = p.range == 0 ? default_random_range<T>() : p.range;
+      const int64_t value = p.from + static_cast<int64_t>(raw_draw(blocks, e, wide) % range);
+      if constexpr (std::is_integral_v<T>) {
+        return static_cast<T>(value);
+      } else {
+        return to_dtype<T>(static_cast<double>(value));
+      }
+    }
+    case CounterDistribution::kExponential:
+      return to_dtype<T>(-counter_math::log(open_unit_uniform(blocks, e, wide)) / p.a);
+    case CounterDistribution::kCauchy: {
+      double s, c;
+      counter_math::sincos_2pi((unit_uniform(blocks, e, wide) - 0.5) * 0.5, &s, &c);
+      return to_dtype<T>(p.a + p.b * (s / c));
+    }
+    case CounterDistribution::kGeometric: {
+      const double trials =
+          counter_math::log(open_unit_uniform(blocks, e, wide)) / counter_math::log(1.0 - p.a);
+      const double k = static_cast<double>(static_cast<int64_t>(trials));
+      return to_dtype<T>(std::max(1.0, k < trials ? k + 1.0 : k));
+    }
+  }
+  return T();
+}
+
+// Global row-major index of the first element of each row of `out` (its last dimension).
+struct RowIndex {
+  std::vector<int64_t> global_strides;  // row-major strides of the global shape
+  std::vector<int64_t> start;
+};
+
+template <typename T>
+void fill_typed(const at::Tensor& out, const CounterDistributionParams& params, uint64_t seed,
+                uint64_t stream, const RowIndex& index) {
+  const int64_t dims = out.dim();
+  const int64_t row_length = dims == 0 ? 1 : out.size(dims - 1);
+  const int64_t rows = row_length == 0 ? 0 : out.numel() / row_length;
+  const int64_t last_stride = dims == 0 ? 1 : out.stride(dims - 1);
+  const int64_t last_global_stride = dims == 0 ? 1 : index.global_strides[dims - 1];
+  const bool wide = uses_64_bits(params, out.scalar_type());
+  T* data = out.data_ptr<T>();
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(row_length, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    Blocks blocks(seed, stream);
+    for (int64_t row = begin; row < end; ++row) {
+      int64_t rest = row;
+      int64_t offset = 0;
+      int64_t global = 0;
+      for (int64_t d = dims - 2; d >= 0; --d) {
+        const int64_t i = rest % out.size(d);
+        rest /= out.size(d);
+        offset += i * out.stride(d);
+        global += (index.start[d] + i) * index.global_strides[d];
+      }
+      if (dims > 0) {
+        global += index.start[dims - 1] * last_global_stride;
+      }
+      for (int64_t j = 0; j < row_length; ++j) {
+        data[offset + j * last_stride] =
+            element_value<T>(params, blocks, static_cast<uint64_t>(global + j), wide);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void counter_fill(const at::Tensor& out, const CounterDistributionParams& params, uint64_t seed,
+                  uint64_t stream, CounterRegion region) {
+  const int64_t dims = out.dim();
+  RowIndex index;
+  const c10::IntArrayRef global = region.global_sizes.empty() ? out.sizes() : region.global_sizes;
+  TORCH_CHECK(static_cast<int64_t>(global.size()) == dims, "torchdefer: counter_fill: region of ",
+              global.size(), " dimensions for a tensor of ", dims);
+  index.global_strides.assign(static_cast<size_t>(dims), 1);
+  for (int64_t d = dims - 2; d >= 0; --d) {
+    index.global_strides[d] = index.global_strides[d + 1] * global[d + 1];
+  }
+  index.start = region.start.empty() ? std::vector<int64_t>(static_cast<size_t>(dims), 0)
+                                     : region.start.vec();
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, out.scalar_type(),
+                             "torchdefer_counter_fill",
+                             [&] { fill_typed<scalar_t>(out, params, seed, stream, index); });
+}
+
+}  // namespace torchdefer

@@ -1,0 +1,214 @@
+// The counter RNG: Philox known answers, its own math, its distributions, and the property that
+// makes sharding work: any region of an op's output is generated on its own with the full
+// tensor's bits.
+#include <torchdefer/counter_rng.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace torchdefer {
+namespace {
+
+using Distribution = CounterDistribution;
+
+at::Tensor filled(std::vector<int64_t> sizes, c10::ScalarType dtype, CounterDistributionParams p,
+                  uint64_t seed = 7, uint64_t stream = 3) {
+  at::Tensor out = torch::empty(sizes, dtype);
+  counter_fill(out, p, seed, stream);
+  return out;
+}
+
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
+         torch::equal(a.contiguous().reshape({-1}).view(at::kByte),
+                      b.contiguous().reshape({-1}).view(at::kByte));
+}
+
+// Kolmogorov–Smirnov distance between a sample and a continuous CDF.
+template <typename Cdf>
+double ks_distance(const at::Tensor& sample, Cdf cdf) {
+  std::vector<double> x(sample.numel());
+  const at::Tensor d = sample.to(at::kDouble).contiguous();
+  std::memcpy(x.data(), d.data_ptr<double>(), x.size() * sizeof(double));
+  std::sort(x.begin(), x.end());
+  double worst = 0;
+  const double n = static_cast<double>(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double f = cdf(x[i]);
+    worst = std::max({worst, std::abs(f - i / n), std::abs((i + 1) / n - f)});
+  }
+  return worst;
+}
+
+TEST(Philox, MatchesTheRandom123KnownAnswers) {
+  using Words = std::array<uint32_t, 4>;
+  EXPECT_EQ(philox4x32_10({0, 0, 0, 0}, {0, 0}),
+            (Words{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(
+      philox4x32_10({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}),
+      (Words{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_EQ(
+      philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}),
+      (Words{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+}
+
+TEST(CounterRng, FirstUniformsAreTheKnownAnswerBlockScaled) {
+  // Seed 0, stream 0, block 0 is the all-zero known-answer block.
+  const at::Tensor u = filled({4}, at::kFloat, {Distribution::kUniform, 0, 1}, 0, 0);
+  const uint32_t words[4] = {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(u[i].item<float>(), static_cast<float>(words[i] >> 8) * 0x1p-24f) << i;
+  }
+}
+
+TEST(CounterMath, AgreesWithTheCLibraryToAFewUlps) {
+  for (double x = 1e-300; x < 1e300; x *= 1.37) {
+    EXPECT_NEAR(counter_math::log(x), std::log(x), 4e-16 * std::max(1.0, std::abs(std::log(x))))
+        << x;
+  }
+  for (double x = 0x1p-53; x <= 1.0; x += 0.000731) {
+    EXPECT_NEAR(counter_math::log(x), std::log(x), 1e-15) << x;
+  }
+  for (double x = -700; x < 700; x += 0.613) {
+    EXPECT_NEAR(counter_math::exp(x), std::exp(x), 4e-16 * std::exp(x)) << x;
+  }
+  for (double t = -1.0; t < 1.0; t += 0.000377) {
+    double s, c;
+    counter_math::sincos_2pi(t, &s, &c);
+    EXPECT_NEAR(s, std::sin(2 * M_PI * t), 2e-15) << t;
+    EXPECT_NEAR(c, std::cos(2 * M_PI * t), 2e-15) << t;
+  }
+}
+
+TEST(CounterRng, IsAPureFunctionOfSeedStreamAndElement) {
+  const CounterDistributionParams normal{Distribution::kNormal, 0, 1};
+  EXPECT_TRUE(bitwise_equal(filled({1000}, at::kFloat, normal, 1, 2),
+                            filled({1000}, at::kFloat, normal, 1, 2)));
+  EXPECT_FALSE(torch::equal(filled({1000}, at::kFloat, normal, 1, 2),
+                            filled({1000}, at::kFloat, normal, 1, 3)));
+  EXPECT_FALSE(torch::equal(filled({1000}, at::kFloat, normal, 1, 2),
+                            filled({1000}, at::kFloat, normal, 2, 2)));
+}
+
+TEST(CounterRng, StreamsAreUncorrelated) {
+  const CounterDistributionParams normal{Distribution::kNormal, 0, 1};
+  const at::Tensor a = filled({200000}, at::kDouble, normal, 11, 0);
+  for (uint64_t stream : {uint64_t{1}, uint64_t{2}, uint64_t{1000}, uint64_t{1} << 40}) {
+    const at::Tensor b = filled({200000}, at::kDouble, normal, 11, stream);
+    const double correlation = (a * b).mean().item<double>();
+    EXPECT_LT(std::abs(correlation), 0.01) << "stream " << stream;
+  }
+}
+
+TEST(CounterRng, AnyRegionIsTheSameSliceOfTheWholeTensor) {
+  const std::vector<int64_t> global = {37, 53};
+  for (const auto& [distribution, dtype] : std::vector<std::pair<Distribution, c10::ScalarType>>{
+           {Distribution::kUniform, at::kFloat},
+           {Distribution::kNormal, at::kFloat},
+           {Distribution::kNormal, at::kDouble},
+           {Distribution::kNormal, at::kBFloat16},
+           {Distribution::kRandom, at::kLong},
+           {Distribution::kBernoulli, at::kHalf}}) {
+    CounterDistributionParams params{distribution, 0.5, 2.0};
+    params.range = 1000;
+    const at::Tensor whole = filled(global, dtype, params);
+    for (const auto& [start, size] :
+         std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{{{0, 0}, {37, 53}},
+                                                                            {{5, 0}, {10, 53}},
+                                                                            {{0, 17}, {37, 9}},
+                                                                            {{36, 52}, {1, 1}},
+                                                                            {{3, 1}, {7, 51}},
+                                                                            {{20, 10}, {0, 5}}}) {
+      at::Tensor part = torch::empty(size, dtype);
+      counter_fill(part, params, 7, 3, {global, start});
+      const at::Tensor expected = whole.narrow(0, start[0], size[0]).narrow(1, start[1], size[1]);
+      EXPECT_TRUE(bitwise_equal(part, expected)) << static_cast<int>(distribution) << " " << dtype
+                                                 << " region at " << start[0] << "," << start[1];
+    }
+  }
+}
+
+TEST(CounterRng, FillsNonContiguousOutputsByTheirOwnRowMajorIndex) {
+  const CounterDistributionParams uniform{Distribution::kUniform, -1, 1};
+  const at::Tensor contiguous = filled({6, 9}, at::kFloat, uniform);
+  at::Tensor storage = torch::empty({9, 6});
+  at::Tensor transposed = storage.t();
+  counter_fill(transposed, uniform, 7, 3);
+  EXPECT_TRUE(bitwise_equal(transposed, contiguous));
+}
+
+TEST(CounterRng, UniformFollowsItsDistributionInEveryFloatingDtype) {
+  for (c10::ScalarType dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+    const at::Tensor u = filled({200000}, dtype, {Distribution::kUniform, -2, 3});
+    EXPECT_GE(u.min().item<double>(), -2.0) << dtype;
+    EXPECT_LT(u.max().item<double>(), 3.0) << dtype;
+    EXPECT_NEAR(u.to(at::kDouble).mean().item<double>(), 0.5, 0.02) << dtype;
+    EXPECT_NEAR(u.to(at::kDouble).var().item<double>(), 25.0 / 12.0, 0.05) << dtype;
+    if (dtype == at::kFloat || dtype == at::kDouble) {
+      EXPECT_LT(ks_distance(u, [](double x) { return (x + 2) / 5; }), 0.005) << dtype;
+    }
+  }
+}
+
+TEST(CounterRng, NormalFollowsItsDistributionInEveryFloatingDtype) {
+  for (c10::ScalarType dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+    const at::Tensor z = filled({200001}, dtype, {Distribution::kNormal, 1.5, 2.0});
+    EXPECT_NEAR(z.to(at::kDouble).mean().item<double>(), 1.5, 0.02) << dtype;
+    EXPECT_NEAR(z.to(at::kDouble).std().item<double>(), 2.0, 0.02) << dtype;
+    if (dtype == at::kFloat || dtype == at::kDouble) {
+      const double d = ks_distance(
+          z, [](double x) { return 0.5 * std::erfc(-(x - 1.5) / (2.0 * std::sqrt(2.0))); });
+      EXPECT_LT(d, 0.005) << dtype;
+    }
+  }
+}
+
+TEST(CounterRng, OtherDistributionsHaveTheirMoments) {
+  const int64_t n = 200000;
+  const at::Tensor bernoulli = filled({n}, at::kFloat, {Distribution::kBernoulli, 0.3});
+  EXPECT_NEAR(bernoulli.mean().item<double>(), 0.3, 0.005);
+  EXPECT_TRUE(torch::all((bernoulli == 0) | (bernoulli == 1)).item<bool>());
+
+  CounterDistributionParams random{Distribution::kRandom};
+  random.from = -5;
+  random.range = 10;
+  const at::Tensor ints = filled({n}, at::kInt, random);
+  EXPECT_EQ(ints.min().item<int>(), -5);
+  EXPECT_EQ(ints.max().item<int>(), 4);
+  EXPECT_NEAR(ints.to(at::kDouble).mean().item<double>(), -0.5, 0.03);
+  random.from = 0;
+  random.range = uint64_t{1} << 40;  // 64-bit draws
+  const at::Tensor wide = filled({n}, at::kLong, random);
+  EXPECT_GE(wide.min().item<int64_t>(), 0);
+  EXPECT_LT(wide.max().item<int64_t>(), int64_t{1} << 40);
+  EXPECT_GT(wide.max().item<int64_t>(), int64_t{1} << 39);
+  const at::Tensor default_range = filled({n}, at::kFloat, {Distribution::kRandom});
+  EXPECT_LE(default_range.max().item<double>(), 16777216.0);
+  EXPECT_EQ(torch::floor(default_range).equal(default_range), true);
+
+  const at::Tensor exponential = filled({n}, at::kDouble, {Distribution::kExponential, 2.0});
+  EXPECT_NEAR(exponential.mean().item<double>(), 0.5, 0.01);
+  EXPECT_GT(exponential.min().item<double>(), 0.0);
+
+  const at::Tensor log_normal = filled({n}, at::kDouble, {Distribution::kLogNormal, 0.5, 0.25});
+  EXPECT_NEAR(log_normal.log().mean().item<double>(), 0.5, 0.005);
+  EXPECT_NEAR(log_normal.log().std().item<double>(), 0.25, 0.005);
+
+  const at::Tensor cauchy = filled({n}, at::kDouble, {Distribution::kCauchy, 3.0, 0.5});
+  EXPECT_NEAR(cauchy.median().item<double>(), 3.0, 0.02);
+  EXPECT_NEAR((cauchy - 3.0).abs().median().item<double>(), 0.5, 0.02);
+
+  const at::Tensor geometric = filled({n}, at::kDouble, {Distribution::kGeometric, 0.25});
+  EXPECT_GE(geometric.min().item<double>(), 1.0);
+  EXPECT_NEAR(geometric.mean().item<double>(), 4.0, 0.05);
+  EXPECT_TRUE(torch::floor(geometric).equal(geometric));
+}
+
+}  // namespace
+}  // namespace torchdefer
