@@ -158,6 +158,18 @@ Outputs mkldnn_rnn_layer(Arguments args) {
           like(args[6].toTensor()), meta_empty({0}, input, at::kByte)};
 }
 
+// randperm(n, *, [generator,] dtype=long, layout, device, pin_memory)
+Outputs randperm(Arguments args) {
+  c10::ScalarType dtype = at::kLong;
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i].isInt()) {
+      dtype = static_cast<c10::ScalarType>(args[i].toInt());
+      break;
+    }
+  }
+  return {at::empty({args[0].toInt()}, at::TensorOptions().dtype(dtype).device(at::kMeta))};
+}
+
 // Keyed by "name" or "name.overload".
 constexpr std::pair<std::string_view, MetaRule> kRules[] = {
     {"aten::relu", same_shape},
@@ -178,6 +190,8 @@ constexpr std::pair<std::string_view, MetaRule> kRules[] = {
     {"aten::_convolution", convolution},
     {"aten::_thnn_fused_lstm_cell", fused_lstm_cell},
     {"aten::mkldnn_rnn_layer", mkldnn_rnn_layer},
+    {"aten::randperm", randperm},
+    {"aten::randperm.generator", randperm},
 };
 
 MetaRule find_rule(const c10::OperatorName& name) {

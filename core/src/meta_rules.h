@@ -10,8 +10,8 @@ namespace torchdefer::detail {
 // 2.13, about 340 ATen ops with a CPU kernel have neither a C++ meta kernel nor a composite one;
 // Python fills the gap from torch/_meta_registrations.py, which a C++ program never loads. Among
 // them are ops that module forward passes use: relu, convolution, batch norm, dropout, where,
-// index_select (inside embedding), the LSTM cells. A rule computes such an op's outputs from its
-// meta arguments, the way the op's CPU kernel shapes them.
+// index_select (inside embedding), the LSTM cells, randperm. A rule computes such an op's outputs
+// from its meta arguments, the way the op's CPU kernel shapes them.
 //
 // Rules are registered as Meta kernels, because composite meta kernels call these ops internally
 // (embedding calls index_select on meta tensors, below any hook of ours). A rule is registered

@@ -232,7 +232,9 @@ namespace detail {
 
 RecordingScope::RecordingScope(std::string context)
     : include_deferred_init_(kDeferredInitKey), saved_graph_(tls_graph) {
-  tls_graph = std::make_shared<OpGraph>(std::move(context));
+  auto graph = std::make_shared<OpGraph>(std::move(context));
+  graph->set_counter_seed(default_generator_digest());
+  tls_graph = std::move(graph);
 }
 
 RecordingScope::~RecordingScope() {

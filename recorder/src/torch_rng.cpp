@@ -245,6 +245,17 @@ RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const Rec
   return draws;
 }
 
+uint64_t default_generator_digest() {
+  const at::Tensor state = with_default_generator(
+      [](at::Generator& generator, at::CPUGeneratorImpl*) { return generator.get_state(); });
+  const auto* bytes = state.data_ptr<uint8_t>();
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (int64_t i = 0; i < state.numel(); ++i) {
+    hash = (hash ^ bytes[i]) * 0x100000001b3ull;
+  }
+  return hash;
+}
+
 void settle_generator() {
   if (chain.anchor >= 0) {
     apply_unapplied();

@@ -53,6 +53,10 @@ bool is_random(const c10::OperatorHandle& op);
 RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
                                 const at::Tensor& target, bool in_recording_scope);
 
+// A 64-bit digest (FNV-1a) of the default CPU generator's full state: the counter RNG seed of a
+// recording, so that re-seeding and recording the same program gives the same recording.
+uint64_t default_generator_digest();
+
 // Applies pending draws to the default generator and forgets the anchor: the generator is about
 // to be used by someone else (scope end, an unrecorded random op).
 void settle_generator();

@@ -2,6 +2,7 @@
 // that write their storages and the storages those read.
 #include "replay.h"
 
+#include <torchdefer/counter_rng.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/ivalue_tensors.h>
 #include <torchdefer/mt19937_jump.h>
@@ -11,6 +12,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -181,7 +183,8 @@ void GraphReplay::validate() {
                     ", a fake made under a plain FakeMode: it has no recorded data to replay.");
       }
     }
-    if (node.draws && node.draws->kind == RecordedDraws::Kind::kUnplaceable) {
+    if (node.draws && node.draws->kind == RecordedDraws::Kind::kUnplaceable &&
+        options_.rng() == RngMode::kTorch) {
       TORCH_CHECK(false, "torchdefer: cannot replay ", op_name(node), " in deferred_init of ",
                   graph_->context(), " bit-exactly in torch RNG mode: ", node.draws->reason, ".");
     }
@@ -246,10 +249,123 @@ void GraphReplay::place_generator(const RecordedDraws& draws) {
   }
 }
 
+namespace {
+
+std::optional<double> double_argument(const RecordedNode& node, std::string_view name) {
+  const auto& arguments = node.op.schema().arguments();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (arguments[i].name() == name &&
+        (node.arguments[i].isDouble() || node.arguments[i].isInt())) {
+      return node.arguments[i].isDouble() ? node.arguments[i].toDouble()
+                                          : static_cast<double>(node.arguments[i].toInt());
+    }
+  }
+  return std::nullopt;
+}
+
+// The counter distribution of a random op, if it has one (Note [Counter RNG]).
+std::optional<CounterDistributionParams> counter_params(const RecordedNode& node) {
+  const std::string& name = node.op.schema().name();
+  const std::string& overload = node.op.schema().overload_name();
+  auto arg = [&](std::string_view n, double fallback) {
+    return double_argument(node, n).value_or(fallback);
+  };
+  using D = CounterDistribution;
+  if (name == "aten::uniform_") {
+    return CounterDistributionParams{D::kUniform, arg("from", 0), arg("to", 1)};
+  }
+  if (name == "aten::rand" || name == "aten::rand_like") {
+    return CounterDistributionParams{D::kUniform, 0, 1};
+  }
+  if (name == "aten::normal_") {
+    return CounterDistributionParams{D::kNormal, arg("mean", 0), arg("std", 1)};
+  }
+  if (name == "aten::randn" || name == "aten::randn_like") {
+    return CounterDistributionParams{D::kNormal, 0, 1};
+  }
+  if (name == "aten::bernoulli_" && overload == "float") {
+    return CounterDistributionParams{D::kBernoulli, arg("p", 0.5)};
+  }
+  if (name == "aten::exponential_") {
+    return CounterDistributionParams{D::kExponential, arg("lambd", 1)};
+  }
+  if (name == "aten::log_normal_") {
+    return CounterDistributionParams{D::kLogNormal, arg("mean", 1), arg("std", 2)};
+  }
+  if (name == "aten::cauchy_") {
+    return CounterDistributionParams{D::kCauchy, arg("median", 0), arg("sigma", 1)};
+  }
+  if (name == "aten::geometric_") {
+    return CounterDistributionParams{D::kGeometric, arg("p", 0.5)};
+  }
+  const bool random = name == "aten::random_";
+  const bool randint = name == "aten::randint" || name == "aten::randint_like";
+  if (random || randint) {
+    const auto low = double_argument(node, random ? "from" : "low");
+    const auto high = double_argument(node, random ? "to" : "high");
+    if (random && low && !high) {
+      return std::nullopt;  // [from, 2^63): not a counter distribution
+    }
+    CounterDistributionParams params{D::kRandom};
+    if (high) {
+      params.from = static_cast<int64_t>(low.value_or(0));
+      params.range = static_cast<uint64_t>(static_cast<int64_t>(*high) - params.from);
+    }
+    return params;
+  }
+  return std::nullopt;
+}
+
+uint64_t mix(uint64_t x) {
+  // splitmix64's finalizer: a seed per stream for ops without a counter distribution.
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+// Counter RNG mode: fills the op's target with counter values instead of running it. Ops with no
+// counter distribution (randperm, multinomial, ...) run on the default generator seeded from the
+// seed and their stream: still a function of the recording alone, so every rank agrees, but not
+// element-addressable. Returns false when the op should run normally after that seeding.
+bool GraphReplay::run_counter_node(int64_t index, const RecordedNode& node, c10::Device device) {
+  const uint64_t seed = options_.counter_seed().value_or(graph_->counter_seed());
+  const uint64_t stream = node.draws->stream;
+  const std::optional<CounterDistributionParams> params = counter_params(node);
+  if (!params) {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_current_seed(mix(seed ^ mix(stream)));
+    return false;
+  }
+  const c10::FunctionSchema& schema = node.op.schema();
+  const bool in_place = !schema.arguments().empty() && schema.arguments()[0].alias_info() &&
+                        schema.arguments()[0].alias_info()->isWrite();
+  if (in_place) {
+    counter_fill(input_tensor(node.inputs[0], device), *params, seed, stream);
+    return true;
+  }
+  const int64_t value = node.outputs.at(0);
+  const RecordedValue& out = graph_->values()[value];
+  const at::Tensor result = at::empty_strided(
+      out.sizes, out.strides, at::TensorOptions().dtype(out.dtype).device(device_for(out)));
+  counter_fill(result, *params, seed, stream);
+  const int64_t storage = storage_of_value(value);
+  if (graph_->storages()[storage].creator == index && to_replay_.count(storage)) {
+    replayed_[storage] = result.storage();
+  }
+  return true;
+}
+
 void GraphReplay::run_node(int64_t index) {
   const RecordedNode& node = graph_->nodes()[index];
   const c10::FunctionSchema& schema = node.op.schema();
   const c10::Device device = node_device(node);
+  if (node.draws && options_.rng() == RngMode::kCounter && run_counter_node(index, node, device)) {
+    return;
+  }
   const bool has_tensor_inputs = std::any_of(
       node.inputs.begin(), node.inputs.end(),
       [](const RecordedInput& input) { return input.kind != RecordedInput::Kind::kUndefined; });

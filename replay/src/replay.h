@@ -37,6 +37,7 @@ class GraphReplay {
   c10::Device node_device(const RecordedNode& node) const;
   at::Tensor input_tensor(const RecordedInput& input, c10::Device node_device);
   void place_generator(const RecordedDraws& draws);
+  bool run_counter_node(int64_t index, const RecordedNode& node, c10::Device device);
   void run_node(int64_t index);
   std::vector<const RecordedNode*> foreign_inputs() const;
 

@@ -1,5 +1,6 @@
 // Materialization in torch RNG mode: bitwise equal to eager construction, for whole modules and
 // for any subset in any order; in place; tied and nested; all or nothing on failure.
+#include <torchdefer/counter_rng.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/torchdefer.h>
 
@@ -620,6 +621,64 @@ TEST(Materialize, ReplaysEveryListedOpBitwise) {
     materialize_tensor(b);
   }
   expect_same_tensors(*eager, *deferred);
+}
+
+}  // namespace
+}  // namespace torchdefer
+
+namespace torchdefer {
+namespace {
+
+MaterializeOptions counter_mode() { return MaterializeOptions().rng(RngMode::kCounter); }
+
+TEST(CounterMode, FillsEachRandomOpWithItsStreamsCounterValues) {
+  auto program = [] {
+    at::Tensor a = torch::empty({5, 7}).uniform_(-0.5, 0.5);  // random op 0
+    at::Tensor b = torch::randn({3, 4}, torch::kDouble);      // random op 1
+    at::Tensor c = torch::zeros({6});
+    c.narrow(0, 2, 3).normal_(1, 2);  // random op 2, on a view
+    return std::vector<at::Tensor>{a, b, c};
+  };
+  const std::vector<at::Tensor> deferred = deferred_init(program);
+  materialize_tensors(deferred, counter_mode().counter_seed(42));
+
+  at::Tensor a = torch::empty({5, 7});
+  counter_fill(a, {CounterDistribution::kUniform, -0.5, 0.5}, 42, 0);
+  at::Tensor b = torch::empty({3, 4}, torch::kDouble);
+  counter_fill(b, {CounterDistribution::kNormal, 0, 1}, 42, 1);
+  at::Tensor c = torch::zeros({6});
+  counter_fill(c.narrow(0, 2, 3), {CounterDistribution::kNormal, 1, 2}, 42, 2);
+  EXPECT_TRUE(bitwise_equal(deferred[0], a));
+  EXPECT_TRUE(bitwise_equal(deferred[1], b));
+  EXPECT_TRUE(bitwise_equal(deferred[2], c));
+}
+
+TEST(CounterMode, TakesItsDefaultSeedFromTheGeneratorWhenRecordingBegan) {
+  auto record = [](uint64_t seed) {
+    torch::manual_seed(seed);
+    return deferred_init([] { return models::Llama(models::LlamaConfig::named("tiny")); });
+  };
+  models::Llama first = record(1);
+  models::Llama again = record(1);
+  models::Llama other = record(2);
+  materialize_module(*first, counter_mode());
+  materialize_module(*other, counter_mode());
+  materialize_module(*again->layers[1], counter_mode());
+  materialize_module(*again, counter_mode());
+  expect_same_tensors(*first, *again);
+  EXPECT_FALSE(torch::equal(first->output->weight, other->output->weight));
+  const double bound = 3.0 / std::sqrt(64.0);
+  EXPECT_LE(first->output->weight.abs().max().item<double>(), bound);
+}
+
+TEST(CounterMode, ReplaysOpsWithoutACounterDistributionDeterministically) {
+  auto program = [] { return torch::randperm(50).to(torch::kFloat) * torch::rand({50}); };
+  const at::Tensor first = deferred_init(program);
+  const at::Tensor second = deferred_init(program);
+  materialize_tensor(first, counter_mode().counter_seed(9));
+  torch::rand({100});
+  materialize_tensor(second, counter_mode().counter_seed(9));
+  EXPECT_TRUE(bitwise_equal(first, second));
 }
 
 }  // namespace

@@ -84,6 +84,8 @@ struct RecordedDraws {
   uint64_t offset = 0;
   uint64_t draws = 0;
   std::string reason;
+  // Counter RNG mode (Note [Counter RNG]): this op's index among the graph's random ops.
+  uint64_t stream = 0;
 };
 
 struct RecordedNode {
@@ -128,7 +130,14 @@ class OpGraph {
   // Full states of PyTorch's default CPU generator (get_state()) that random ops are placed from.
   const std::vector<at::Tensor>& rng_anchors() const { return rng_anchors_; }
   int64_t add_rng_anchor(at::Tensor state);
-  void set_draws(int64_t node, RecordedDraws draws) { nodes_[node].draws = std::move(draws); }
+  void set_draws(int64_t node, RecordedDraws draws) {
+    draws.stream = random_ops_++;
+    nodes_[node].draws = std::move(draws);
+  }
+
+  // The counter RNG seed: a digest of the default generator's state when recording began.
+  uint64_t counter_seed() const { return counter_seed_; }
+  void set_counter_seed(uint64_t seed) { counter_seed_ = seed; }
 
   // Called by the replay engine when it materialized `storage` into `real`.
   void set_real(int64_t storage, const c10::Storage& real) {
@@ -147,6 +156,8 @@ class OpGraph {
   std::vector<RecordedStorage> storages_;
   std::unordered_map<const c10::StorageImpl*, int64_t> storage_index_;
   std::vector<at::Tensor> rng_anchors_;
+  uint64_t random_ops_ = 0;
+  uint64_t counter_seed_ = 0;
   std::mutex mutex_;
 };
 

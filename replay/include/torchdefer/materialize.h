@@ -29,6 +29,10 @@ enum class RngMode {
   // materializing gives bit-for-bit the values eager construction with the same seed gives on
   // the CPU, in any order and for any subset (Note [Torch-mode draw offsets]).
   kTorch,
+  // Every element a pure function of (seed, the op's index in its recording, the element's
+  // index): any slice of any tensor is generated alone with the full tensor's bits, so shards of
+  // any world size agree (Note [Counter RNG]). Not eager's values.
+  kCounter,
 };
 
 // Reported to a progress callback after each replayed operation.
@@ -51,6 +55,12 @@ class MaterializeOptions {
     rng_ = mode;
     return *this;
   }
+  // The counter RNG seed; by default a digest of the default generator's state when the
+  // recording began, so `torch::manual_seed(s)` before deferred_init decides it.
+  MaterializeOptions& counter_seed(uint64_t seed) {
+    counter_seed_ = seed;
+    return *this;
+  }
   // materialize_module only: a child module for which `check_fn` returns false is skipped with
   // its whole subtree (FSDP wraps and materializes those units itself).
   MaterializeOptions& check_fn(std::function<bool(const torch::nn::Module&)> check_fn) {
@@ -69,6 +79,7 @@ class MaterializeOptions {
 
   const std::optional<c10::Device>& device() const { return device_; }
   RngMode rng() const { return rng_; }
+  const std::optional<uint64_t>& counter_seed() const { return counter_seed_; }
   const std::function<bool(const torch::nn::Module&)>& check_fn() const { return check_fn_; }
   bool buffers_only() const { return buffers_only_; }
   const std::function<void(const MaterializeProgress&)>& progress() const { return progress_; }
@@ -76,6 +87,7 @@ class MaterializeOptions {
  private:
   std::optional<c10::Device> device_;
   RngMode rng_ = RngMode::kTorch;
+  std::optional<uint64_t> counter_seed_;
   std::function<bool(const torch::nn::Module&)> check_fn_;
   bool buffers_only_ = false;
   std::function<void(const MaterializeProgress&)> progress_;
