@@ -1,13 +1,19 @@
 // The public materialization API: tensors and torch::nn modules.
 #include <torchdefer/fake_tensor.h>
+#include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/materialize.h>
+#include <torchdefer/torch_compat.h>
 
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/nn/module.h>
 
+#include <sstream>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
+#include "region_replay.h"
 #include "replay.h"
 
 namespace torchdefer {
@@ -26,36 +32,167 @@ class ModuleTensors {
   // tensors that share storage with it (tied weights) are made views of the child's real storage
   // rather than recomputed. check_fn(child) == false skips a child's whole subtree; the root's
   // own tensors are always included.
-  void collect(const torch::nn::Module& module, bool is_root) {
+  void collect(const torch::nn::Module& module, const std::string& prefix, bool is_root) {
     if (!is_root && options_.check_fn() && !options_.check_fn()(module)) {
       return;
     }
-    for (const auto& child : module.children()) {
-      collect(*child, /*is_root=*/false);
+    for (const auto& child : module.named_children()) {
+      collect(*child.value(), prefix + child.key() + ".", /*is_root=*/false);
     }
     if (!options_.buffers_only()) {
-      for (const at::Tensor& p : module.parameters(/*recurse=*/false)) {
-        add(p);
+      for (const auto& p : module.named_parameters(/*recurse=*/false)) {
+        add(prefix + p.key(), p.value(), /*parameter=*/true);
       }
     }
-    for (const at::Tensor& b : module.buffers(/*recurse=*/false)) {
-      add(b);
+    for (const auto& b : module.named_buffers(/*recurse=*/false)) {
+      add(prefix + b.key(), b.value(), /*parameter=*/false);
     }
   }
 
-  const std::vector<at::Tensor>& tensors() const { return tensors_; }
+  struct Entry {
+    std::string name;
+    at::Tensor tensor;
+    bool parameter;
+  };
+  const std::vector<Entry>& entries() const { return entries_; }
+
+  std::vector<at::Tensor> tensors() const {
+    std::vector<at::Tensor> tensors;
+    for (const Entry& entry : entries_) {
+      tensors.push_back(entry.tensor);
+    }
+    return tensors;
+  }
 
  private:
-  void add(const at::Tensor& t) {
+  void add(std::string name, const at::Tensor& t, bool parameter) {
     if (is_fake(t) && seen_.insert(t.unsafeGetTensorImpl()).second) {
-      tensors_.push_back(t);
+      entries_.push_back({std::move(name), t, parameter});
     }
   }
 
   const MaterializeOptions& options_;
-  std::vector<at::Tensor> tensors_;
+  std::vector<Entry> entries_;
   std::unordered_set<const c10::TensorImpl*> seen_;
 };
+
+// The box `entry` gets under the options' layout, or nullopt when it stays whole.
+std::optional<Box> box_of(const ModuleTensors::Entry& entry, const MaterializeOptions& options) {
+  const c10::IntArrayRef sizes = entry.tensor.sizes();
+  std::optional<Box> box;
+  if (options.region()) {
+    box = options.region()(entry.name, sizes);
+  } else if (entry.parameter) {
+    box = options.shard()->box_for(sizes);
+  }
+  if (box) {
+    TORCH_CHECK(box->start.size() == sizes.size() && box->stop.size() == sizes.size(),
+                "torchdefer: the region for '", entry.name, "' has ", box->start.size(),
+                " dimensions, but the tensor is ", describe(entry.tensor));
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      TORCH_CHECK(0 <= box->start[d] && box->start[d] <= box->stop[d] && box->stop[d] <= sizes[d],
+                  "torchdefer: the region for '", entry.name, "' along dimension ", d, " is [",
+                  box->start[d], ", ", box->stop[d], "), outside the tensor ",
+                  describe(entry.tensor), ". A region must lie within [0, size).");
+    }
+    if (*box == whole(sizes)) {
+      box.reset();
+    }
+  }
+  return box;
+}
+
+at::Tensor slice(const at::Tensor& t, const Box& box) {
+  at::Tensor part = t;
+  for (size_t d = 0; d < box.start.size(); ++d) {
+    part = part.narrow(static_cast<int64_t>(d), box.start[d], box.stop[d] - box.start[d]);
+  }
+  return part;
+}
+
+// A shard that owns exactly its elements, padded to the chunk size when the options ask.
+at::Tensor own(at::Tensor local, const Box& box, const MaterializeOptions& options,
+               const ModuleTensors::Entry& entry) {
+  if (!local.is_contiguous() || local.storage().nbytes() != local.nbytes()) {
+    local = local.clone(at::MemoryFormat::Contiguous);
+  }
+  if (!options.shard() || !options.shard()->padded || options.region()) {
+    return local;
+  }
+  const Shard& shard = *options.shard();
+  const int64_t size = entry.tensor.size(shard.dim);
+  const int64_t chunk = (size + shard.world_size - 1) / shard.world_size;
+  if (local.size(shard.dim) == chunk) {
+    return local;
+  }
+  std::vector<int64_t> padded_sizes = box.sizes();
+  padded_sizes[shard.dim] = chunk;
+  at::Tensor padded = at::zeros(padded_sizes, local.options());
+  padded.narrow(shard.dim, 0, local.size(shard.dim)).copy_(local);
+  return padded;
+}
+
+// One sharded tensor's local values, by region replay or, failing that, whole and sliced.
+at::Tensor compute_shard(const ModuleTensors::Entry& entry, const Box& box,
+                         const MaterializeOptions& options, TensorStats& stats) {
+  const RecordedFake* rec = recorded(entry.tensor);
+  TORCH_CHECK(rec != nullptr, "torchdefer: cannot materialize '", entry.name, "' (",
+              describe(entry.tensor), "): it was made under a FakeMode, which records nothing.");
+  std::shared_ptr<OpGraph> graph = rec->graph;
+  const std::lock_guard<std::mutex> lock(graph->mutex());
+  c10::impl::ExcludeDispatchKeyGuard real_only(c10::DispatchKeySet(kFakeKey) |
+                                               c10::DispatchKeySet(kDeferredInitKey));
+  c10::AutoGradMode no_grad(false);
+  detail::RegionReplay region(*graph, options);
+  if (std::optional<at::Tensor> local = region.local(rec->value, box)) {
+    stats.sliced = true;
+    stats.bytes_computed = region.bytes_computed();
+    return own(*local, box, options, entry);
+  }
+  stats.fallback = region.why();
+  detail::GraphReplay whole_tensor(graph, options);
+  whole_tensor.add_target(entry.tensor);
+  whole_tensor.plan();
+  whole_tensor.validate();
+  whole_tensor.execute();
+  const at::Tensor& full = whole_tensor.result(0);
+  stats.bytes_computed = static_cast<int64_t>(full.nbytes());
+  return own(slice(full, box), box, options, entry);
+}
+
+MaterializeStats materialize_sharded(const ModuleTensors& tensors,
+                                     const MaterializeOptions& options) {
+  MaterializeStats stats;
+  std::vector<at::Tensor> whole_tensors;
+  std::vector<std::pair<at::Tensor, at::Tensor>> shards;  // fake, local
+  std::vector<ShardInfo> infos;
+  for (const ModuleTensors::Entry& entry : tensors.entries()) {
+    TensorStats tensor_stats;
+    tensor_stats.name = entry.name;
+    tensor_stats.global_sizes = entry.tensor.sizes().vec();
+    const std::optional<Box> box = box_of(entry, options);
+    if (!box) {
+      tensor_stats.bytes_computed = tensor_stats.bytes_kept =
+          static_cast<int64_t>(entry.tensor.nbytes());
+      whole_tensors.push_back(entry.tensor);
+      stats.tensors.push_back(std::move(tensor_stats));
+      continue;
+    }
+    tensor_stats.box = box;
+    at::Tensor local = compute_shard(entry, *box, options, tensor_stats);
+    tensor_stats.bytes_kept = static_cast<int64_t>(local.nbytes());
+    infos.push_back({entry.tensor.sizes().vec(), *box, local.sizes().vec() != box->sizes()});
+    shards.emplace_back(entry.tensor, std::move(local));
+    stats.tensors.push_back(std::move(tensor_stats));
+  }
+  detail::materialize_tensors_in_place(whole_tensors, options);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const auto& [fake, local] = shards[i];
+    fake_impl(fake)->shallow_copy_from(local.getIntrusivePtr());
+    detail::set_shard_info(fake, infos[i]);
+  }
+  return stats;
+}
 
 }  // namespace
 
@@ -69,10 +206,44 @@ void materialize_tensors(const std::vector<at::Tensor>& tensors,
   detail::materialize_tensors_in_place(tensors, options);
 }
 
-void materialize_module(torch::nn::Module& module, const MaterializeOptions& options) {
+MaterializeStats materialize_module(torch::nn::Module& module, const MaterializeOptions& options) {
   ModuleTensors tensors(options);
-  tensors.collect(module, /*is_root=*/true);
+  tensors.collect(module, "", /*is_root=*/true);
+  if (options.sharded()) {
+    return materialize_sharded(tensors, options);
+  }
+  MaterializeStats stats;
+  for (const ModuleTensors::Entry& entry : tensors.entries()) {
+    const auto bytes = static_cast<int64_t>(entry.tensor.nbytes());
+    stats.tensors.push_back(
+        {entry.name, entry.tensor.sizes().vec(), std::nullopt, false, "", bytes, bytes});
+  }
   detail::materialize_tensors_in_place(tensors.tensors(), options);
+  return stats;
+}
+
+std::string MaterializeStats::to_string() const {
+  std::ostringstream out;
+  int64_t computed = 0;
+  int64_t kept = 0;
+  int64_t sliced = 0;
+  int64_t fell_back = 0;
+  for (const TensorStats& t : tensors) {
+    out << t.name << " " << c10::IntArrayRef(t.global_sizes);
+    if (t.box) {
+      out << " box " << c10::IntArrayRef(t.box->start) << " to " << c10::IntArrayRef(t.box->stop);
+      out << (t.sliced ? " sliced" : " whole then sliced (" + t.fallback + ")");
+      (t.sliced ? sliced : fell_back) += 1;
+    } else {
+      out << " whole";
+    }
+    out << ", computed " << t.bytes_computed << " B, kept " << t.bytes_kept << " B\n";
+    computed += t.bytes_computed;
+    kept += t.bytes_kept;
+  }
+  out << tensors.size() << " tensors: " << sliced << " sliced, " << fell_back
+      << " computed whole then sliced; " << computed << " B computed, " << kept << " B kept";
+  return out.str();
 }
 
 bool is_deferred(const torch::nn::Module& module) {

@@ -2,6 +2,8 @@
 // that write their storages and the storages those read.
 #include "replay.h"
 
+#include "recorded_ops.h"
+
 #include <torchdefer/counter_rng.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/ivalue_tensors.h>
@@ -41,15 +43,6 @@ at::Tensor view_of(const c10::Storage& storage, c10::IntArrayRef sizes, c10::Int
   at::Tensor view = at::empty({0}, at::TensorOptions().dtype(dtype).device(storage.device()));
   view.set_(storage, offset, sizes, strides);
   return view;
-}
-
-bool is_device_argument(const c10::Argument& argument) {
-  const auto& type = argument.type();
-  if (type->kind() == c10::TypeKind::DeviceObjType) {
-    return true;
-  }
-  const auto* optional = type->castRaw<c10::OptionalType>();
-  return optional != nullptr && optional->getElementType()->kind() == c10::TypeKind::DeviceObjType;
 }
 
 std::string op_name(const RecordedNode& node) {
@@ -250,71 +243,6 @@ void GraphReplay::place_generator(const RecordedDraws& draws) {
 }
 
 namespace {
-
-std::optional<double> double_argument(const RecordedNode& node, std::string_view name) {
-  const auto& arguments = node.op.schema().arguments();
-  for (size_t i = 0; i < arguments.size(); ++i) {
-    if (arguments[i].name() == name &&
-        (node.arguments[i].isDouble() || node.arguments[i].isInt())) {
-      return node.arguments[i].isDouble() ? node.arguments[i].toDouble()
-                                          : static_cast<double>(node.arguments[i].toInt());
-    }
-  }
-  return std::nullopt;
-}
-
-// The counter distribution of a random op, if it has one (Note [Counter RNG]).
-std::optional<CounterDistributionParams> counter_params(const RecordedNode& node) {
-  const std::string& name = node.op.schema().name();
-  const std::string& overload = node.op.schema().overload_name();
-  auto arg = [&](std::string_view n, double fallback) {
-    return double_argument(node, n).value_or(fallback);
-  };
-  using D = CounterDistribution;
-  if (name == "aten::uniform_") {
-    return CounterDistributionParams{D::kUniform, arg("from", 0), arg("to", 1)};
-  }
-  if (name == "aten::rand" || name == "aten::rand_like") {
-    return CounterDistributionParams{D::kUniform, 0, 1};
-  }
-  if (name == "aten::normal_") {
-    return CounterDistributionParams{D::kNormal, arg("mean", 0), arg("std", 1)};
-  }
-  if (name == "aten::randn" || name == "aten::randn_like") {
-    return CounterDistributionParams{D::kNormal, 0, 1};
-  }
-  if (name == "aten::bernoulli_" && overload == "float") {
-    return CounterDistributionParams{D::kBernoulli, arg("p", 0.5)};
-  }
-  if (name == "aten::exponential_") {
-    return CounterDistributionParams{D::kExponential, arg("lambd", 1)};
-  }
-  if (name == "aten::log_normal_") {
-    return CounterDistributionParams{D::kLogNormal, arg("mean", 1), arg("std", 2)};
-  }
-  if (name == "aten::cauchy_") {
-    return CounterDistributionParams{D::kCauchy, arg("median", 0), arg("sigma", 1)};
-  }
-  if (name == "aten::geometric_") {
-    return CounterDistributionParams{D::kGeometric, arg("p", 0.5)};
-  }
-  const bool random = name == "aten::random_";
-  const bool randint = name == "aten::randint" || name == "aten::randint_like";
-  if (random || randint) {
-    const auto low = double_argument(node, random ? "from" : "low");
-    const auto high = double_argument(node, random ? "to" : "high");
-    if (random && low && !high) {
-      return std::nullopt;  // [from, 2^63): not a counter distribution
-    }
-    CounterDistributionParams params{D::kRandom};
-    if (high) {
-      params.from = static_cast<int64_t>(low.value_or(0));
-      params.range = static_cast<uint64_t>(static_cast<int64_t>(*high) - params.from);
-    }
-    return params;
-  }
-  return std::nullopt;
-}
 
 uint64_t mix(uint64_t x) {
   // splitmix64's finalizer: a seed per stream for ops without a counter distribution.

@@ -3,6 +3,7 @@
 
 #include <torchdefer/materialize.h>
 #include <torchdefer/op_graph.h>
+#include <torchdefer/shard.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
@@ -29,6 +30,8 @@ class GraphReplay {
   void execute();
   // Turns every target real, in place. Cannot fail.
   void commit() noexcept;
+  // After execute(): the real tensor target `i` would become, without turning it real.
+  const at::Tensor& result(size_t i) const { return views_.at(i); }
 
  private:
   int64_t storage_of_value(int64_t value) const;
@@ -52,6 +55,9 @@ class GraphReplay {
   int64_t rng_anchor_ = -1;                    // where the default generator stands
   uint64_t rng_offset_ = 0;
 };
+
+// Records in a materialized shard what it holds (read back by shard_info()).
+void set_shard_info(const at::Tensor& t, ShardInfo info);
 
 // materialize_tensors() without argument checks: groups fakes by graph and replays each group.
 void materialize_tensors_in_place(const std::vector<at::Tensor>& tensors,

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <torchdefer/deferred_init.h>
+#include <torchdefer/shard.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -35,6 +36,23 @@ enum class RngMode {
   kCounter,
 };
 
+// What materialize_module did with one tensor.
+struct TensorStats {
+  std::string name;  // qualified name in the module
+  std::vector<int64_t> global_sizes;
+  std::optional<Box> box;      // the shard it holds; nullopt for the whole tensor
+  bool sliced = false;         // only its box was computed (Note [Region replay])
+  std::string fallback;        // else, the op that made it compute the whole tensor
+  int64_t bytes_computed = 0;  // bytes allocated to produce it
+  int64_t bytes_kept = 0;      // bytes it holds now
+};
+
+struct MaterializeStats {
+  std::vector<TensorStats> tensors;
+  // One line per tensor and a total, for logs and the demo.
+  std::string to_string() const;
+};
+
 // Reported to a progress callback after each replayed operation.
 struct MaterializeProgress {
   int64_t done = 0;
@@ -51,8 +69,21 @@ class MaterializeOptions {
     device_ = device;
     return *this;
   }
+  // The RNG mode; by default kTorch, or kCounter when sharding.
   MaterializeOptions& rng(RngMode mode) {
     rng_ = mode;
+    return *this;
+  }
+  // materialize_module only: each fake parameter becomes, in place, the slice `shard` gives this
+  // rank (Shard::box_for); buffers and tensors it does not split stay whole.
+  MaterializeOptions& shard(Shard shard) {
+    shard_ = shard;
+    return *this;
+  }
+  // materialize_module only: a general layout (tensor parallel, 2-D); takes precedence over
+  // shard() and applies to buffers too.
+  MaterializeOptions& region(RegionFn region) {
+    region_ = std::move(region);
     return *this;
   }
   // The counter RNG seed; by default a digest of the default generator's state when the
@@ -78,7 +109,10 @@ class MaterializeOptions {
   }
 
   const std::optional<c10::Device>& device() const { return device_; }
-  RngMode rng() const { return rng_; }
+  RngMode rng() const { return rng_.value_or(sharded() ? RngMode::kCounter : RngMode::kTorch); }
+  bool sharded() const { return shard_.has_value() || static_cast<bool>(region_); }
+  const std::optional<Shard>& shard() const { return shard_; }
+  const RegionFn& region() const { return region_; }
   const std::optional<uint64_t>& counter_seed() const { return counter_seed_; }
   const std::function<bool(const torch::nn::Module&)>& check_fn() const { return check_fn_; }
   bool buffers_only() const { return buffers_only_; }
@@ -86,7 +120,9 @@ class MaterializeOptions {
 
  private:
   std::optional<c10::Device> device_;
-  RngMode rng_ = RngMode::kTorch;
+  std::optional<RngMode> rng_;
+  std::optional<Shard> shard_;
+  RegionFn region_;
   std::optional<uint64_t> counter_seed_;
   std::function<bool(const torch::nn::Module&)> check_fn_;
   bool buffers_only_ = false;
@@ -105,9 +141,11 @@ void materialize_tensors(const std::vector<at::Tensor>& tensors,
                          const MaterializeOptions& options = {});
 
 // Materializes the fake parameters and buffers of `module` and its children (honoring
-// check_fn and buffers_only). Tensors that are already real, because they were materialized
-// before or never were fake, are not touched.
-void materialize_module(torch::nn::Module& module, const MaterializeOptions& options = {});
+// check_fn and buffers_only), whole or, with shard()/region(), as this rank's slices. Tensors
+// that are already real, because they were materialized before or never were fake, are not
+// touched. Returns what it did per tensor.
+MaterializeStats materialize_module(torch::nn::Module& module,
+                                    const MaterializeOptions& options = {});
 
 // True if any parameter or buffer of `module` or its children is still fake.
 bool is_deferred(const torch::nn::Module& module);

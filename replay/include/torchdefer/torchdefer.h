@@ -5,4 +5,5 @@
 #include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/materialize.h>
+#include <torchdefer/shard.h>
 #include <torchdefer/version.h>

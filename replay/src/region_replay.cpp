@@ -1,0 +1,385 @@
+// Region replay (Note [Region replay]).
+#include "region_replay.h"
+
+#include <torchdefer/counter_rng.h>
+#include <torchdefer/ivalue_tensors.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/enum_tag.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <string_view>
+#include <utility>
+
+#include "recorded_ops.h"
+
+namespace torchdefer::detail {
+namespace {
+
+// How a value's index space sits in its storage's base value (Note [Region replay]).
+struct BoxView {
+  std::vector<int64_t> base_dim;  // per view dimension; -1 for an inserted size-1 dimension
+  std::vector<int64_t> origin;    // per base dimension: the view's first coordinate
+};
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (size_t d = sizes.size(); d-- > 1;) {
+    strides[d - 1] = strides[d] * std::max<int64_t>(sizes[d], 1);
+  }
+  return strides;
+}
+
+std::optional<BoxView> box_view(const RecordedValue& view, const RecordedValue& base) {
+  if (view.dtype != base.dtype || base.strides != contiguous_strides(base.sizes)) {
+    return std::nullopt;
+  }
+  const size_t rank = base.sizes.size();
+  BoxView box;
+  box.origin.assign(rank, 0);
+  int64_t offset = view.storage_offset - base.storage_offset;
+  for (size_t d = 0; d < rank; ++d) {
+    box.origin[d] = offset / base.strides[d];
+    offset %= base.strides[d];
+  }
+  if (offset != 0) {
+    return std::nullopt;
+  }
+  std::vector<bool> used(rank, false);
+  for (size_t j = 0; j < view.sizes.size(); ++j) {
+    int64_t match = -1;
+    for (size_t d = 0; d < rank && match < 0; ++d) {
+      if (!used[d] && base.strides[d] == view.strides[j] &&
+          box.origin[d] + view.sizes[j] <= base.sizes[d]) {
+        match = static_cast<int64_t>(d);
+      }
+    }
+    if (match < 0 && view.sizes[j] != 1) {
+      return std::nullopt;  // a stride no base dimension has: expand, as_strided, a reshape
+    }
+    if (match >= 0) {
+      used[match] = true;
+    }
+    box.base_dim.push_back(match);
+  }
+  return box;
+}
+
+bool empty(const Box& box) {
+  for (size_t d = 0; d < box.start.size(); ++d) {
+    if (box.stop[d] <= box.start[d]) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The part of view box `view_box` (view coordinates) inside base region `region`, in view
+// coordinates; empty if they do not meet.
+Box intersect(const BoxView& view, const Box& view_box, const Box& region) {
+  Box result = view_box;
+  for (size_t j = 0; j < view.base_dim.size(); ++j) {
+    const int64_t d = view.base_dim[j];
+    if (d < 0) {
+      continue;
+    }
+    result.start[j] = std::max(view_box.start[j], region.start[d] - view.origin[d]);
+    result.stop[j] = std::min(view_box.stop[j], region.stop[d] - view.origin[d]);
+  }
+  for (size_t d = 0; d < view.origin.size(); ++d) {
+    const bool mapped = std::find(view.base_dim.begin(), view.base_dim.end(),
+                                  static_cast<int64_t>(d)) != view.base_dim.end();
+    if (!mapped && (view.origin[d] < region.start[d] || view.origin[d] >= region.stop[d])) {
+      result.stop = result.start;  // the view's fixed coordinate lies outside the region
+    }
+  }
+  return result;
+}
+
+// `local` holds base region `region`; returns the view of it that is `view_box` of the view.
+at::Tensor view_part(const at::Tensor& local, const Box& region, const BoxView& view,
+                     const Box& view_box) {
+  at::Tensor t = local;
+  std::vector<bool> mapped(region.start.size(), false);
+  for (size_t j = 0; j < view.base_dim.size(); ++j) {
+    const int64_t d = view.base_dim[j];
+    if (d >= 0) {
+      mapped[d] = true;
+      t = t.narrow(d, view.origin[d] + view_box.start[j] - region.start[d],
+                   view_box.stop[j] - view_box.start[j]);
+    }
+  }
+  std::vector<int64_t> order;
+  for (const int64_t d : view.base_dim) {
+    if (d >= 0) {
+      order.push_back(d);
+    }
+  }
+  for (size_t d = 0; d < mapped.size(); ++d) {
+    if (!mapped[d]) {
+      t = t.narrow(static_cast<int64_t>(d), view.origin[d] - region.start[d], 1);
+      order.push_back(static_cast<int64_t>(d));
+    }
+  }
+  t = t.permute(order);
+  for (size_t k = order.size(); k-- > 0;) {
+    if (!mapped[order[k]]) {
+      t = t.select(static_cast<int64_t>(k), 0);
+    }
+  }
+  for (size_t j = 0; j < view.base_dim.size(); ++j) {
+    if (view.base_dim[j] < 0) {
+      t = t.unsqueeze(static_cast<int64_t>(j));
+    }
+  }
+  return t;
+}
+
+Box to_base(const BoxView& view, const Box& view_box, size_t base_rank) {
+  Box box;
+  box.start.assign(base_rank, 0);
+  box.stop.assign(base_rank, 0);
+  for (size_t d = 0; d < base_rank; ++d) {
+    box.start[d] = view.origin[d];
+    box.stop[d] = view.origin[d] + 1;
+  }
+  for (size_t j = 0; j < view.base_dim.size(); ++j) {
+    const int64_t d = view.base_dim[j];
+    if (d >= 0) {
+      box.start[d] = view.origin[d] + view_box.start[j];
+      box.stop[d] = view.origin[d] + view_box.stop[j];
+    }
+  }
+  return box;
+}
+
+bool writes_self(const RecordedNode& node) {
+  const auto& arguments = node.op.schema().arguments();
+  return !arguments.empty() && arguments[0].alias_info() && arguments[0].alias_info()->isWrite();
+}
+
+bool is_factory(std::string_view name) {
+  static constexpr std::string_view kFactories[] = {
+      "aten::zeros",         "aten::ones",       "aten::full",      "aten::empty",
+      "aten::empty_strided", "aten::zeros_like", "aten::ones_like", "aten::full_like",
+      "aten::empty_like",    "aten::new_zeros",  "aten::new_ones",  "aten::new_full",
+      "aten::new_empty"};
+  return std::find(std::begin(kFactories), std::end(kFactories), name) != std::end(kFactories);
+}
+
+bool maps_regions_one_to_one(const RecordedNode& node) {
+  const std::string& name = node.op.schema().name();
+  return node.op.hasTag(at::Tag::pointwise) || name == "aten::to" || name == "aten::_to_copy" ||
+         name == "aten::clone" || name == "aten::contiguous";
+}
+
+}  // namespace
+
+RegionReplay::RegionReplay(const OpGraph& graph, const MaterializeOptions& options)
+    : graph_(graph),
+      options_(options),
+      seed_(options.counter_seed().value_or(graph.counter_seed())) {}
+
+bool RegionReplay::fail(std::string why) {
+  why_ = std::move(why);
+  return false;
+}
+
+c10::Device RegionReplay::device_of(const RecordedValue& value) const {
+  return options_.device().value_or(value.device);
+}
+
+at::Tensor RegionReplay::allocate(const Box& region, const RecordedValue& like) {
+  at::Tensor t =
+      at::empty(region.sizes(), at::TensorOptions().dtype(like.dtype).device(device_of(like)));
+  bytes_computed_ += static_cast<int64_t>(t.nbytes());
+  return t;
+}
+
+std::optional<at::Tensor> RegionReplay::local(int64_t value_index, const Box& box) {
+  const RecordedValue& value = graph_.values()[value_index];
+  const RecordedStorage& storage = graph_.storages()[value.storage];
+  if (storage.base_value < 0) {
+    fail("a tensor this recording did not create");
+    return std::nullopt;
+  }
+  const RecordedValue& base = graph_.values()[storage.base_value];
+  const RecordedNode& creator = graph_.nodes()[storage.creator];
+  if (!(creator.draws && counter_params(creator)) && !is_factory(creator.op.schema().name()) &&
+      !maps_regions_one_to_one(creator)) {
+    fail(c10::toString(creator.op.schema().operator_name()));
+    return std::nullopt;
+  }
+  const std::optional<BoxView> view = box_view(value, base);
+  if (!view) {
+    fail("a view with geometry that is not a box of its base");
+    return std::nullopt;
+  }
+  const Box region = to_base(*view, box, base.sizes.size());
+  std::optional<at::Tensor> base_local = storage_region(value.storage, region);
+  if (!base_local) {
+    return std::nullopt;
+  }
+  return view_part(*base_local, region, *view, box);
+}
+
+std::optional<at::Tensor> RegionReplay::storage_region(int64_t storage_index, const Box& region) {
+  const RecordedStorage& storage = graph_.storages()[storage_index];
+  const RecordedValue& base = graph_.values()[storage.base_value];
+  std::optional<at::Tensor> result = created(storage.creator, base, region);
+  if (!result) {
+    return std::nullopt;
+  }
+  for (size_t i = 1; i < storage.writers.size(); ++i) {
+    if (!apply_write(storage.writers[i], base, region, *result)) {
+      return std::nullopt;
+    }
+  }
+  return result;
+}
+
+std::optional<at::Tensor> RegionReplay::input_region(const RecordedInput& input,
+                                                     c10::IntArrayRef output_sizes,
+                                                     const Box& region) {
+  switch (input.kind) {
+    case RecordedInput::Kind::kUndefined:
+      return at::Tensor();
+    case RecordedInput::Kind::kValue: {
+      const RecordedValue& value = graph_.values()[input.value];
+      if (value.sizes.empty()) {
+        return local(input.value, whole({}));
+      }
+      if (c10::IntArrayRef(value.sizes) != output_sizes) {
+        fail("broadcasting");
+        return std::nullopt;
+      }
+      return local(input.value, region);
+    }
+    case RecordedInput::Kind::kReal:
+    case RecordedInput::Kind::kConstant:
+      if (input.tensor.dim() == 0) {
+        return input.tensor;
+      }
+      if (input.tensor.sizes() == output_sizes) {
+        at::Tensor t = input.tensor;
+        for (size_t d = 0; d < region.start.size(); ++d) {
+          t = t.narrow(static_cast<int64_t>(d), region.start[d], region.stop[d] - region.start[d]);
+        }
+        return t;
+      }
+      fail("broadcasting a real tensor");
+      return std::nullopt;
+    case RecordedInput::Kind::kForeignFake:
+      fail("a fake of another recording");
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedValue& base,
+                                                const Box& region) {
+  const RecordedNode& node = graph_.nodes()[index];
+  const std::string& name = node.op.schema().name();
+  const std::string op = c10::toString(node.op.schema().operator_name());
+  if (node.draws) {
+    const auto params = counter_params(node);
+    if (options_.rng() != RngMode::kCounter || !params) {
+      fail(op);
+      return std::nullopt;
+    }
+    at::Tensor result = allocate(region, base);
+    counter_fill(result, *params, seed_, node.draws->stream, {base.sizes, region.start});
+    return result;
+  }
+  if (is_factory(name)) {
+    at::Tensor result = allocate(region, base);
+    if (name.find("zeros") != std::string::npos) {
+      result.zero_();
+    } else if (name.find("ones") != std::string::npos) {
+      result.fill_(1);
+    } else if (name.find("full") != std::string::npos) {
+      result.fill_(*double_argument(node, "fill_value"));
+    }
+    return result;
+  }
+  if (!maps_regions_one_to_one(node)) {
+    fail(op);
+    return std::nullopt;
+  }
+  const auto& arguments = node.op.schema().arguments();
+  torch::jit::Stack stack;
+  size_t next_input = 0;
+  bool ok = true;
+  for (size_t i = 0; i < node.arguments.size(); ++i) {
+    if (is_device_argument(arguments[i]) && node.arguments[i].isDevice()) {
+      stack.emplace_back(device_of(base));
+      continue;
+    }
+    stack.push_back(map_tensors(node.arguments[i], [&](const at::Tensor&) {
+      std::optional<at::Tensor> input = input_region(node.inputs[next_input++], base.sizes, region);
+      ok = ok && input.has_value();
+      return input.value_or(at::Tensor());
+    }));
+  }
+  if (!ok) {
+    return std::nullopt;
+  }
+  node.op.callBoxed(&stack);
+  at::Tensor result = stack.front().toTensor();
+  bytes_computed_ += static_cast<int64_t>(result.nbytes());
+  return result;
+}
+
+bool RegionReplay::apply_write(int64_t index, const RecordedValue& base, const Box& region,
+                               at::Tensor& local) {
+  const RecordedNode& node = graph_.nodes()[index];
+  const std::string op = c10::toString(node.op.schema().operator_name());
+  if (!writes_self(node) || node.inputs.empty() ||
+      node.inputs[0].kind != RecordedInput::Kind::kValue) {
+    return fail(op);
+  }
+  const RecordedValue& target = graph_.values()[node.inputs[0].value];
+  const std::optional<BoxView> view = box_view(target, base);
+  if (!view) {
+    return fail(op + " through a view that is not a box");
+  }
+  const Box part_box = intersect(*view, whole(target.sizes), region);
+  if (empty(part_box)) {
+    return true;
+  }
+  at::Tensor part = view_part(local, region, *view, part_box);
+  if (node.draws) {
+    const auto params = counter_params(node);
+    if (options_.rng() != RngMode::kCounter || !params) {
+      return fail(op);
+    }
+    counter_fill(part, *params, seed_, node.draws->stream, {target.sizes, part_box.start});
+    return true;
+  }
+  const std::string& name = node.op.schema().name();
+  if (!node.op.hasTag(at::Tag::pointwise) && name != "aten::copy_") {
+    return fail(op);
+  }
+  torch::jit::Stack stack;
+  size_t next_input = 0;
+  bool ok = true;
+  for (size_t i = 0; i < node.arguments.size(); ++i) {
+    stack.push_back(map_tensors(node.arguments[i], [&](const at::Tensor&) {
+      const size_t position = next_input++;
+      if (position == 0) {
+        return part;
+      }
+      std::optional<at::Tensor> input = input_region(node.inputs[position], target.sizes, part_box);
+      ok = ok && input.has_value();
+      return input.value_or(at::Tensor());
+    }));
+  }
+  if (!ok) {
+    return false;
+  }
+  node.op.callBoxed(&stack);
+  return true;
+}
+
+}  // namespace torchdefer::detail

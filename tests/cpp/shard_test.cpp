@@ -1,0 +1,205 @@
+// Sharded materialization: every rank computes its slice alone, and for any world size the
+// slices concatenate to exactly the full counter-mode tensor.
+#include <torchdefer/torchdefer.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "bench/models/llama.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace torchdefer {
+namespace {
+
+namespace nn = torch::nn;
+using ::testing::HasSubstr;
+
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
+         torch::equal(a.contiguous().reshape({-1}).view(at::kByte),
+                      b.contiguous().reshape({-1}).view(at::kByte));
+}
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(Shard, FollowsTorchChunk) {
+  auto rows = [](int64_t rank, int64_t world, int64_t size) {
+    const Box box = *Shard{rank, world}.box_for({size, 3});
+    return std::make_pair(box.start[0], box.stop[0]);
+  };
+  EXPECT_EQ(rows(0, 4, 10), std::make_pair(int64_t{0}, int64_t{3}));
+  EXPECT_EQ(rows(3, 4, 10), std::make_pair(int64_t{9}, int64_t{10}));
+  EXPECT_EQ(rows(9, 16, 10), std::make_pair(int64_t{9}, int64_t{10}));
+  EXPECT_EQ(rows(12, 16, 10), std::make_pair(int64_t{10}, int64_t{10}));  // empty
+  EXPECT_FALSE(Shard({0, 2, 1}).box_for({7}).has_value());                // replicated
+  EXPECT_THAT(error_of([] { Shard{4, 4}.box_for({8}); }), HasSubstr("rank=4"));
+}
+
+struct ShardedModel {
+  std::string name;
+  std::function<std::shared_ptr<nn::Module>()> make;
+};
+
+struct EmbeddingAndCastsImpl : nn::Module {
+  EmbeddingAndCastsImpl() {
+    table = register_parameter("table", torch::empty({13, 10}));
+    torch::NoGradGuard no_grad;
+    table.normal_(0, 0.5);
+    table.narrow(1, 2, 5).uniform_(-1, 1);
+    table.t()[7].fill_(3.0);
+    table.mul_(2).add_(1).clamp_(-2, 2);
+    scaled = register_parameter("scaled", (torch::rand({9, 6}) * 4).to(torch::kBFloat16));
+    bias = register_parameter("bias", torch::zeros({11}));
+  }
+  at::Tensor table, scaled, bias;
+};
+TORCH_MODULE(EmbeddingAndCasts);
+
+std::vector<ShardedModel> sharded_models() {
+  return {
+      {"Llama", [] { return models::Llama(models::LlamaConfig::named("tiny")).ptr(); }},
+      {"LinearAndLayerNorm",
+       [] {
+         return nn::Sequential(nn::Linear(12, 7), nn::LayerNorm(nn::LayerNormOptions({7}))).ptr();
+       }},
+      {"WritesThroughViewsAndCasts", [] { return EmbeddingAndCasts().ptr(); }},
+  };
+}
+
+class ShardInvariance : public ::testing::TestWithParam<ShardedModel> {};
+
+// Each rank records on its own, as separate processes would, from the same seed.
+std::shared_ptr<nn::Module> record(const ShardedModel& model) {
+  torch::manual_seed(2026);
+  return deferred_init(model.make);
+}
+
+TEST_P(ShardInvariance, ShardsOfEveryWorldSizeConcatenateToTheFullCounterTensor) {
+  std::shared_ptr<nn::Module> full = record(GetParam());
+  materialize_module(*full, MaterializeOptions().rng(RngMode::kCounter));
+  const auto full_parameters = full->named_parameters();
+  const auto full_buffers = full->named_buffers();
+  for (const int64_t dim : {0, 1}) {
+    for (const int64_t world : {1, 2, 3, 4, 7, 8, 16}) {
+      std::map<std::string, std::vector<at::Tensor>> pieces;
+      for (int64_t rank = 0; rank < world; ++rank) {
+        std::shared_ptr<nn::Module> local = record(GetParam());
+        materialize_module(*local, MaterializeOptions().shard({rank, world, dim}));
+        for (const auto& p : local->named_parameters()) {
+          ASSERT_FALSE(is_fake(p.value())) << p.key();
+          pieces[p.key()].push_back(p.value());
+          const std::optional<ShardInfo> info = shard_info(p.value());
+          if (p.value().dim() > dim && world > 1) {
+            ASSERT_TRUE(info.has_value()) << p.key();
+            EXPECT_EQ(info->global_sizes, full_parameters[p.key()].sizes().vec());
+          }
+        }
+        for (const auto& b : local->named_buffers()) {
+          EXPECT_TRUE(bitwise_equal(b.value(), full_buffers[b.key()])) << b.key();
+        }
+      }
+      for (const auto& [name, parts] : pieces) {
+        const at::Tensor& expected = full_parameters[name];
+        const at::Tensor joined = expected.dim() > dim ? torch::cat(parts, dim) : parts.front();
+        EXPECT_TRUE(bitwise_equal(joined, expected))
+            << name << " dim " << dim << " world " << world;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ShardInvariance, ::testing::ValuesIn(sharded_models()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(ShardedMaterialization, ComputesOnlyTheSliceAndReportsIt) {
+  torch::manual_seed(1);
+  auto model = deferred_init([] { return models::Llama(models::LlamaConfig::named("tiny")); });
+  const MaterializeStats stats = materialize_module(*model, MaterializeOptions().shard({1, 4}));
+  ASSERT_FALSE(stats.tensors.empty());
+  for (const TensorStats& t : stats.tensors) {
+    if (!t.box) {
+      continue;
+    }
+    EXPECT_TRUE(t.sliced) << t.name << ": " << t.fallback;
+    EXPECT_EQ(t.bytes_kept, t.bytes_computed) << t.name;
+  }
+  EXPECT_EQ(model->tok_embeddings->weight.sizes(), c10::IntArrayRef({64, 64}));
+  EXPECT_THAT(stats.to_string(), HasSubstr("sliced"));
+}
+
+TEST(ShardedMaterialization, FallsBackForOpsWithoutARegionRuleAndSaysWhich) {
+  auto build = [] {
+    torch::manual_seed(0);
+    return deferred_init([] {
+      auto linear = nn::Linear(8, 6);
+      nn::init::orthogonal_(linear->weight);
+      return linear;
+    });
+  };
+  nn::Linear full = build();
+  materialize_module(*full, MaterializeOptions().rng(RngMode::kCounter));
+  nn::Linear model = build();
+  const MaterializeStats stats = materialize_module(*model, MaterializeOptions().shard({0, 2}));
+  const TensorStats& weight =
+      stats.tensors.back().name == "weight" ? stats.tensors.back() : stats.tensors.front();
+  ASSERT_EQ(weight.name, "weight");
+  EXPECT_FALSE(weight.sliced);
+  EXPECT_THAT(weight.fallback, HasSubstr("linalg_qr"));
+  EXPECT_TRUE(bitwise_equal(model->weight, full->weight.narrow(0, 0, 3)));
+}
+
+TEST(ShardedMaterialization, PadsTrailingShardsWhenAsked) {
+  auto linear = deferred_init<nn::Linear>(4, 10);
+  materialize_module(*linear, MaterializeOptions().shard({2, 3, 0, /*padded=*/true}));
+  EXPECT_EQ(linear->weight.sizes(), c10::IntArrayRef({4, 4}));
+  EXPECT_TRUE(torch::equal(linear->weight.narrow(0, 2, 2), torch::zeros({2, 4})));
+  const std::optional<ShardInfo> info = shard_info(linear->weight);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_TRUE(info->padded);
+  EXPECT_EQ(info->box.start[0], 8);
+  EXPECT_EQ(info->box.stop[0], 10);
+}
+
+TEST(ShardedMaterialization, TakesAGeneralRegionFunction) {
+  torch::manual_seed(5);
+  auto full = deferred_init<nn::Linear>(9, 8);
+  materialize_module(*full, MaterializeOptions().rng(RngMode::kCounter));
+  torch::manual_seed(5);
+  auto tiled = deferred_init<nn::Linear>(9, 8);
+  materialize_module(
+      *tiled, MaterializeOptions().region([](const std::string& name, c10::IntArrayRef sizes) {
+        return name == "weight" ? std::optional<Box>(Box{{2, 1}, {5, 7}}) : std::nullopt;
+      }));
+  EXPECT_TRUE(bitwise_equal(tiled->weight, full->weight.narrow(0, 2, 3).narrow(1, 1, 6)));
+  EXPECT_TRUE(bitwise_equal(tiled->bias, full->bias));
+}
+
+TEST(ShardedMaterializationErrors, ARegionOutsideTheTensorIsNamedAndNothingIsLost) {
+  auto linear = deferred_init<nn::Linear>(4, 3);
+  const std::string message = error_of([&] {
+    materialize_module(
+        *linear, MaterializeOptions().region([](const std::string&, c10::IntArrayRef sizes) {
+          return std::optional<Box>(
+              Box{std::vector<int64_t>(sizes.size(), 0), std::vector<int64_t>(sizes.size(), 5)});
+        }));
+  });
+  EXPECT_THAT(message, HasSubstr("region for 'weight'"));
+  EXPECT_THAT(message, HasSubstr("outside the tensor"));
+  EXPECT_TRUE(is_fake(linear->weight));
+  EXPECT_TRUE(is_fake(linear->bias));
+}
+
+}  // namespace
+}  // namespace torchdefer
