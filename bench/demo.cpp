@@ -2,13 +2,16 @@
 //  1. records the construction of a Llama-shaped decoder (default: the 70B shape) on a fake CUDA
 //     device with deferred_init, and reports its size, the time and the peak RSS;
 //  2. shows how a few of its parameters will be produced (explain);
-//  3. materializes a small Llama end to end and checks it bit for bit against eager construction.
+//  3. materializes a small Llama end to end and checks it bit for bit against eager construction;
+//  4. materializes one rank's shard of the recorded model (default rank 0 of 64) on the CPU.
 //
 //   torchdefer_demo [--model llama3-70b] [--device cuda] [--verify-model llama-30m | none]
-//                   [--dim N --layers N --heads N --kv-heads N --ffn N --vocab N]
+//                   [--shard RANK/WORLD | none] [--dim N --layers N --heads N --kv-heads N
+//                   --ffn N --vocab N]
 #include <torchdefer/op_graph.h>
 #include <torchdefer/torchdefer.h>
 
+#include <ATen/Parallel.h>
 #include <sys/resource.h>
 
 #include "bench/models/llama.h"
@@ -29,6 +32,7 @@ struct Options {
   LlamaConfig config = LlamaConfig::named("llama3-70b");
   c10::Device device = c10::Device(c10::kCUDA, 0);
   std::optional<LlamaConfig> verify = LlamaConfig::named("llama-30m");
+  std::optional<torchdefer::Shard> shard = torchdefer::Shard{0, 64};
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -84,6 +88,21 @@ Options parse(int argc, char** argv) {
             value == "none" ? std::nullopt : std::optional<LlamaConfig>(LlamaConfig::named(value));
       } catch (const std::invalid_argument& e) {
         usage(e.what());
+      }
+    } else if (flag == "--shard") {
+      const size_t slash = value.find('/');
+      if (value == "none") {
+        options.shard.reset();
+      } else if (slash == std::string::npos) {
+        usage("--shard needs RANK/WORLD, e.g. 0/64, or none");
+      } else {
+        const int64_t world = positive("--shard WORLD", value.substr(slash + 1));
+        const int64_t rank =
+            value.substr(0, slash) == "0" ? 0 : positive("--shard RANK", value.substr(0, slash));
+        if (rank >= world) {
+          usage("--shard: RANK must be below WORLD, got " + value);
+        }
+        options.shard = torchdefer::Shard{rank, world};
       }
     } else if (flag == "--device") {
       try {
@@ -181,6 +200,42 @@ void explain_some(const torchdefer::models::Llama& model) {
   }
 }
 
+// Step 4: materialize one rank's shard of the recorded model, on the CPU.
+void materialize_shard(torchdefer::models::Llama& model, const torchdefer::Shard& shard) {
+  std::cout << "4. Materializing rank " << shard.rank << " of " << shard.world_size
+            << " (dim 0, counter RNG) of the recorded model on the CPU\n";
+  const auto start = std::chrono::steady_clock::now();
+  const torchdefer::MaterializeStats stats = torchdefer::materialize_module(
+      *model, torchdefer::MaterializeOptions().shard(shard).device(at::kCPU));
+  const double seconds = seconds_since(start);
+  int64_t sliced = 0;
+  int64_t whole = 0;
+  double kept = 0;
+  double computed = 0;
+  std::map<std::string, int64_t> fallbacks;
+  for (const torchdefer::TensorStats& t : stats.tensors) {
+    kept += static_cast<double>(t.bytes_kept);
+    computed += static_cast<double>(t.bytes_computed);
+    if (!t.box) {
+      ++whole;
+    } else if (t.sliced) {
+      ++sliced;
+    } else {
+      ++fallbacks[t.fallback];
+    }
+  }
+  std::printf("   tensors         %lld sliced, %lld whole (buffers, replicated)\n",
+              static_cast<long long>(sliced), static_cast<long long>(whole));
+  for (const auto& [op, count] : fallbacks) {
+    std::printf("   fell back       %lld computed whole then sliced (%s)\n",
+                static_cast<long long>(count), op.c_str());
+  }
+  std::printf("   bytes kept      %s (computed %s)\n", human_bytes(kept).c_str(),
+              human_bytes(computed).c_str());
+  std::printf("   wall time       %.1f s on %d threads\n", seconds, at::get_num_threads());
+  std::printf("   peak RSS        %.0f MB\n", peak_rss_mb());
+}
+
 // Step 3: materialize a small model end to end and compare it with eager construction.
 bool verify_small_model(const LlamaConfig& config) {
   std::cout << "3. Materializing " << config.name << " and comparing it with eager construction"
@@ -224,12 +279,13 @@ bool verify_small_model(const LlamaConfig& config) {
 int main(int argc, char** argv) {
   const Options options = parse(argc, argv);
   try {
-    {
-      torchdefer::models::Llama model = record_model(options);
-      explain_some(model);
-    }
+    torchdefer::models::Llama model = record_model(options);
+    explain_some(model);
     if (options.verify && !verify_small_model(*options.verify)) {
       return 1;
+    }
+    if (options.shard) {
+      materialize_shard(model, *options.shard);
     }
   } catch (const std::exception& e) {
     std::cerr << "torchdefer_demo failed: " << e.what() << "\n";

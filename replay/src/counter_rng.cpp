@@ -357,10 +357,15 @@ void fill_typed(const at::Tensor& out, const CounterDistributionParams& params, 
   const int64_t last_global_stride = dims == 0 ? 1 : index.global_strides[dims - 1];
   const bool wide = uses_64_bits(params, out.scalar_type());
   T* data = out.data_ptr<T>();
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(row_length, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+  // Split by elements, not rows, so that a long 1-D tensor uses every thread too.
+  const int64_t numel = rows * row_length;
+  at::parallel_for(0, numel, /*grain_size=*/32768, [&](int64_t begin, int64_t end) {
     Blocks blocks(seed, stream);
-    for (int64_t row = begin; row < end; ++row) {
+    int64_t k = begin;
+    while (k < end) {
+      const int64_t row = k / row_length;
+      const int64_t first = k % row_length;
+      const int64_t last = std::min(row_length, first + (end - k));
       int64_t rest = row;
       int64_t offset = 0;
       int64_t global = 0;
@@ -373,10 +378,11 @@ void fill_typed(const at::Tensor& out, const CounterDistributionParams& params, 
       if (dims > 0) {
         global += index.start[dims - 1] * last_global_stride;
       }
-      for (int64_t j = 0; j < row_length; ++j) {
+      for (int64_t j = first; j < last; ++j) {
         data[offset + j * last_stride] =
             element_value<T>(params, blocks, static_cast<uint64_t>(global + j), wide);
       }
+      k += last - first;
     }
   });
 }
