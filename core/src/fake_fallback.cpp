@@ -1,8 +1,8 @@
 // The boxed fallback registered for kFakeKey: runs every operator on fake tensors as the same
 // operator on their meta shadows, and wraps the results as fakes on the right device.
+#include <torchdefer/boxed_arguments.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/fake_tensor_impl.h>
-#include <torchdefer/ivalue_tensors.h>
 #include <torchdefer/torch_compat.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -52,15 +52,6 @@ struct TensorUse {
   std::string_view argument;
   bool written = false;
 };
-
-bool is_optional_device(const c10::Argument& argument) {
-  const auto& type = argument.type();
-  if (type->kind() == c10::TypeKind::DeviceObjType) {
-    return true;
-  }
-  const auto* optional = type->castRaw<c10::OptionalType>();
-  return optional != nullptr && optional->getElementType()->kind() == c10::TypeKind::DeviceObjType;
-}
 
 bool is_cpu_scalar(const at::Tensor& t) { return t.dim() == 0 && t.device().is_cpu(); }
 
@@ -222,7 +213,7 @@ class FakeCall {
   std::optional<c10::Device> requested_device() {
     const auto& arguments = schema_.arguments();
     for (size_t i = 0; i < arguments.size(); ++i) {
-      if (is_optional_device(arguments[i]) && argument(i).isDevice()) {
+      if (is_device_argument(arguments[i]) && argument(i).isDevice()) {
         return argument(i).toDevice();
       }
     }
@@ -259,7 +250,7 @@ class FakeCall {
     const auto& arguments = schema_.arguments();
     for (size_t i = 0; i < arguments.size(); ++i) {
       c10::IValue& value = argument(i);
-      if (is_optional_device(arguments[i])) {
+      if (is_device_argument(arguments[i])) {
         if (value.isDevice() || tensors_.empty()) {
           value = c10::Device(c10::kMeta);
         }

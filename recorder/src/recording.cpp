@@ -2,7 +2,7 @@
 // OpGraph, and the RecordingScope that deferred_init opens.
 #include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor_impl.h>
-#include <torchdefer/ivalue_tensors.h>
+#include <torchdefer/boxed_arguments.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/torch_compat.h>
 

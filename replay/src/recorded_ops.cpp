@@ -4,15 +4,6 @@
 
 namespace torchdefer::detail {
 
-bool is_device_argument(const c10::Argument& argument) {
-  const auto& type = argument.type();
-  if (type->kind() == c10::TypeKind::DeviceObjType) {
-    return true;
-  }
-  const auto* optional = type->castRaw<c10::OptionalType>();
-  return optional != nullptr && optional->getElementType()->kind() == c10::TypeKind::DeviceObjType;
-}
-
 std::optional<double> double_argument(const RecordedNode& node, std::string_view name) {
   const auto& arguments = node.op.schema().arguments();
   for (size_t i = 0; i < arguments.size(); ++i) {

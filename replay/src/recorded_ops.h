@@ -1,6 +1,7 @@
 // Reading recorded nodes: their arguments, and which counter distribution a random op is.
 #pragma once
 
+#include <torchdefer/boxed_arguments.h>
 #include <torchdefer/counter_rng.h>
 #include <torchdefer/op_graph.h>
 
@@ -8,9 +9,6 @@
 #include <string_view>
 
 namespace torchdefer::detail {
-
-// True for a `Device` or `Device?` argument.
-bool is_device_argument(const c10::Argument& argument);
 
 // The value of a float or int argument of `node` named `name`, if it has one.
 std::optional<double> double_argument(const RecordedNode& node, std::string_view name);

@@ -2,7 +2,7 @@
 #include "region_replay.h"
 
 #include <torchdefer/counter_rng.h>
-#include <torchdefer/ivalue_tensors.h>
+#include <torchdefer/boxed_arguments.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/enum_tag.h>

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tests/cpp/test_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,6 +17,8 @@
 namespace torchdefer {
 namespace {
 
+using testing::bitwise_equal;
+
 using Distribution = CounterDistribution;
 
 at::Tensor filled(std::vector<int64_t> sizes, c10::ScalarType dtype, CounterDistributionParams p,
@@ -22,12 +26,6 @@ at::Tensor filled(std::vector<int64_t> sizes, c10::ScalarType dtype, CounterDist
   at::Tensor out = torch::empty(sizes, dtype);
   counter_fill(out, p, seed, stream);
   return out;
-}
-
-bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         torch::equal(a.contiguous().reshape({-1}).view(at::kByte),
-                      b.contiguous().reshape({-1}).view(at::kByte));
 }
 
 // Kolmogorov–Smirnov distance between a sample and a continuous CDF.

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tests/cpp/test_util.h"
+
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -14,19 +16,11 @@
 namespace torchdefer {
 namespace {
 
+using testing::error_of;
+
 using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 bool deferred_init_key_in_tls() {
   return c10::impl::tls_is_dispatch_key_included(kDeferredInitKey);

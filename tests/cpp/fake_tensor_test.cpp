@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tests/cpp/test_util.h"
+
 #include "core/src/stand_in_device_guard.h"
 
 #include <sstream>
@@ -17,21 +19,13 @@
 namespace torchdefer {
 namespace {
 
+using testing::error_of;
+
 using ::testing::HasSubstr;
 
 const c10::StorageImpl* identity(const at::Tensor& t) {
   FakeTensorImpl* impl = fake_impl(t);
   return impl == nullptr ? nullptr : impl->storage_identity();
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 TEST(FakeMode, MakesEveryFactoryReturnAFakeWithRealMetadata) {

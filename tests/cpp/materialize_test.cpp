@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tests/cpp/test_util.h"
+
 #include "bench/models/llama.h"
 
 #include <algorithm>
@@ -19,27 +21,11 @@
 namespace torchdefer {
 namespace {
 
+using testing::bitwise_equal;
+using testing::error_of;
+
 namespace nn = torch::nn;
 using ::testing::HasSubstr;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-// Equal bits, NaNs and signed zeros included.
-bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) {
-    return false;
-  }
-  return torch::equal(a.contiguous().reshape({-1}).view(at::kByte),
-                      b.contiguous().reshape({-1}).view(at::kByte));
-}
 
 void expect_same_tensors(const nn::Module& eager, const nn::Module& deferred) {
   const auto eager_params = eager.named_parameters();

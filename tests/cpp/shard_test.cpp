@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tests/cpp/test_util.h"
+
 #include "bench/models/llama.h"
 
 #include <functional>
@@ -15,24 +17,11 @@
 namespace torchdefer {
 namespace {
 
+using testing::bitwise_equal;
+using testing::error_of;
+
 namespace nn = torch::nn;
 using ::testing::HasSubstr;
-
-bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         torch::equal(a.contiguous().reshape({-1}).view(at::kByte),
-                      b.contiguous().reshape({-1}).view(at::kByte));
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 TEST(Shard, FollowsTorchChunk) {
   auto rows = [](int64_t rank, int64_t world, int64_t size) {

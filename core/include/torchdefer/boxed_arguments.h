@@ -1,9 +1,11 @@
-// Visiting the tensors inside a boxed operator argument. The Fake fallback, the recorder and the
-// replay engine all rewrite argument stacks tensor by tensor, in the same order.
+// Reading boxed operator arguments: visiting the tensors inside them, and recognizing device
+// arguments. The Fake fallback, the recorder and the replay engine all rewrite argument stacks
+// tensor by tensor, in the same order.
 #pragma once
 
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/function_schema.h>
 #include <ATen/core/ivalue.h>
 
 namespace torchdefer {
@@ -37,6 +39,16 @@ c10::IValue map_tensors(const c10::IValue& value, const F& f) {
     return mapped;
   }
   return value;
+}
+
+// True for a `Device` or `Device?` argument (factories' `device=`, `_to_copy`'s target).
+inline bool is_device_argument(const c10::Argument& argument) {
+  const auto& type = argument.type();
+  if (type->kind() == c10::TypeKind::DeviceObjType) {
+    return true;
+  }
+  const auto* optional = type->castRaw<c10::OptionalType>();
+  return optional != nullptr && optional->getElementType()->kind() == c10::TypeKind::DeviceObjType;
 }
 
 }  // namespace torchdefer
