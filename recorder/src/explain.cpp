@@ -1,6 +1,6 @@
 // explain(): the recorded history of a tensor's storage, as one readable line.
-#include <torchdefer/deferred_init.h>
 #include <torchdefer/boxed_arguments.h>
+#include <torchdefer/deferred_init.h>
 #include <torchdefer/op_graph.h>
 
 #include <c10/core/ScalarType.h>

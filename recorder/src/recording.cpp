@@ -1,8 +1,8 @@
 // Recording: the boxed fallback on kDeferredInitKey that appends every operator on fakes to an
 // OpGraph, and the RecordingScope that deferred_init opens.
+#include <torchdefer/boxed_arguments.h>
 #include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor_impl.h>
-#include <torchdefer/boxed_arguments.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/torch_compat.h>
 

@@ -1,7 +1,7 @@
 #include "torch_rng.h"
 
-#include <torchdefer/fake_tensor.h>
 #include <torchdefer/boxed_arguments.h>
+#include <torchdefer/fake_tensor.h>
 #include <torchdefer/mt19937_jump.h>
 #include <torchdefer/torch_compat.h>
 

@@ -210,39 +210,52 @@ class Blocks {
   }
 
  private:
+  // The two standard normals of the last Box–Muller pair, which its two elements share.
+  struct Pair {
+    uint64_t index = 0;
+    double cos_value = 0;
+    double sin_value = 0;
+    bool valid = false;
+  };
+  Pair& pair() { return pair_; }
+
+ private:
   std::array<uint32_t, 2> key_;
   uint32_t stream_lo_;
   uint32_t stream_hi_;
   std::array<uint32_t, 4> words_{};
   uint64_t current_ = 0;
   bool valid_ = false;
+  Pair pair_;
 };
 
 uint64_t word64(const std::array<uint32_t, 4>& w, int half) {
   return (uint64_t{w[2 * half + 1]} << 32) | w[2 * half];
 }
 
-// A standard normal for element e (Box–Muller on its pair, Note [Counter RNG]).
+// A standard normal for element e (Box–Muller on its pair, Note [Counter RNG]). The pair's two
+// values are computed once and kept for the other element.
 double standard_normal(Blocks& blocks, uint64_t e, bool wide) {
-  double u1;
-  double u2;
-  bool odd;
-  if (wide) {
-    const auto& w = blocks.block(e / 2);
-    u1 = static_cast<double>((word64(w, 0) >> 11) + 1) * 0x1p-53;
-    u2 = static_cast<double>(word64(w, 1) >> 11) * 0x1p-53;
-    odd = e % 2 == 1;
-  } else {
-    const auto& w = blocks.block(e / 4);
-    const int pair = static_cast<int>(e % 4) / 2;
-    u1 = (static_cast<double>(w[2 * pair]) + 1.0) / kTwoPow32;
-    u2 = static_cast<double>(w[2 * pair + 1]) / kTwoPow32;
-    odd = e % 2 == 1;
+  Blocks::Pair& pair = blocks.pair();
+  if (!pair.valid || pair.index != e / 2) {
+    double u1;
+    double u2;
+    if (wide) {
+      const auto& w = blocks.block(e / 2);
+      u1 = static_cast<double>((word64(w, 0) >> 11) + 1) * 0x1p-53;
+      u2 = static_cast<double>(word64(w, 1) >> 11) * 0x1p-53;
+    } else {
+      const auto& w = blocks.block(e / 4);
+      const int half = static_cast<int>(e % 4) / 2;
+      u1 = (static_cast<double>(w[2 * half]) + 1.0) / kTwoPow32;
+      u2 = static_cast<double>(w[2 * half + 1]) / kTwoPow32;
+    }
+    const double r = std::sqrt(-2.0 * counter_math::log(u1));
+    double s, c;
+    counter_math::sincos_2pi(u2, &s, &c);
+    pair = {e / 2, r * c, r * s, true};
   }
-  const double r = std::sqrt(-2.0 * counter_math::log(u1));
-  double s, c;
-  counter_math::sincos_2pi(u2, &s, &c);
-  return r * (odd ? s : c);
+  return e % 2 == 1 ? pair.sin_value : pair.cos_value;
 }
 
 // A uniform in [0, 1) for element e: 24 bits (32-bit draws) or 53 (64-bit draws).

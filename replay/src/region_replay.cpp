@@ -1,8 +1,8 @@
 // Region replay (Note [Region replay]).
 #include "region_replay.h"
 
-#include <torchdefer/counter_rng.h>
 #include <torchdefer/boxed_arguments.h>
+#include <torchdefer/counter_rng.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/enum_tag.h>

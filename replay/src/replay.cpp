@@ -4,9 +4,9 @@
 
 #include "recorded_ops.h"
 
+#include <torchdefer/boxed_arguments.h>
 #include <torchdefer/counter_rng.h>
 #include <torchdefer/fake_tensor_impl.h>
-#include <torchdefer/boxed_arguments.h>
 #include <torchdefer/mt19937_jump.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/torch_compat.h>
