@@ -209,7 +209,6 @@ class Blocks {
     return words_;
   }
 
- private:
   // The two standard normals of the last Box–Muller pair, which its two elements share.
   struct Pair {
     uint64_t index = 0;
