@@ -9,6 +9,7 @@
 #include "tests/cpp/test_util.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -62,6 +63,36 @@ TEST(CounterRng, FirstUniformsAreTheKnownAnswerBlockScaled) {
   const uint32_t words[4] = {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8};
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(u[i].item<float>(), static_cast<float>(words[i] >> 8) * 0x1p-24f) << i;
+  }
+}
+
+// Note [Counter RNG]'s float32 uniform, written out from philox4x32_10 alone.
+float reference_uniform(uint64_t seed, uint64_t stream, uint64_t e, double from, double to) {
+  const uint64_t block = e / 4;
+  const std::array<uint32_t, 4> words =
+      philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                     static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
+                    {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+  const double u = static_cast<double>(words[e % 4] >> 8) * 0x1p-24;
+  const float value = static_cast<float>(from + (to - from) * u);
+  return value == static_cast<float>(to) ? static_cast<float>(from) : value;
+}
+
+TEST(CounterRng, Float32UniformMatchesTheNoteElementByElement) {
+  // Regions that start and end mid-block and mid-group exercise every path of the fill.
+  const int64_t length = 1000;
+  for (const int64_t start : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{4}, int64_t{31},
+                              int64_t{33}, int64_t{(int64_t{1} << 32) + 5}}) {
+    const std::vector<int64_t> global = {start + length};
+    at::Tensor part = torch::empty({length});
+    counter_fill(part, {Distribution::kUniform, -0.3, 0.7}, 0x1234567890abcdefull, 77,
+                 {global, std::vector<int64_t>{start}});
+    const float* values = part.data_ptr<float>();
+    for (int64_t i = 0; i < length; ++i) {
+      ASSERT_EQ(values[i], reference_uniform(0x1234567890abcdefull, 77,
+                                             static_cast<uint64_t>(start + i), -0.3, 0.7))
+          << "element " << start + i;
+    }
   }
 }
 
