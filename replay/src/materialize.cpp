@@ -49,20 +49,7 @@ class ModuleTensors {
     }
   }
 
-  struct Entry {
-    std::string name;
-    at::Tensor tensor;
-    bool parameter;
-  };
-  const std::vector<Entry>& entries() const { return entries_; }
-
-  std::vector<at::Tensor> tensors() const {
-    std::vector<at::Tensor> tensors;
-    for (const Entry& entry : entries_) {
-      tensors.push_back(entry.tensor);
-    }
-    return tensors;
-  }
+  const std::vector<NamedTensor>& entries() const { return entries_; }
 
  private:
   void add(std::string name, const at::Tensor& t, bool parameter) {
@@ -72,12 +59,12 @@ class ModuleTensors {
   }
 
   const MaterializeOptions& options_;
-  std::vector<Entry> entries_;
+  std::vector<NamedTensor> entries_;
   std::unordered_set<const c10::TensorImpl*> seen_;
 };
 
 // The box `entry` gets under the options' layout, or nullopt when it stays whole.
-std::optional<Box> box_of(const ModuleTensors::Entry& entry, const MaterializeOptions& options) {
+std::optional<Box> box_of(const NamedTensor& entry, const MaterializeOptions& options) {
   const c10::IntArrayRef sizes = entry.tensor.sizes();
   std::optional<Box> box;
   if (options.region()) {
@@ -112,7 +99,7 @@ at::Tensor slice(const at::Tensor& t, const Box& box) {
 
 // A shard that owns exactly its elements, padded to the chunk size when the options ask.
 at::Tensor own(at::Tensor local, const Box& box, const MaterializeOptions& options,
-               const ModuleTensors::Entry& entry) {
+               const NamedTensor& entry) {
   if (!local.is_contiguous() || local.storage().nbytes() != local.nbytes()) {
     local = local.clone(at::MemoryFormat::Contiguous);
   }
@@ -133,7 +120,7 @@ at::Tensor own(at::Tensor local, const Box& box, const MaterializeOptions& optio
 }
 
 // One sharded tensor's local values, by region replay or, failing that, whole and sliced.
-at::Tensor compute_shard(const ModuleTensors::Entry& entry, const Box& box,
+at::Tensor compute_shard(const NamedTensor& entry, const Box& box,
                          const MaterializeOptions& options, TensorStats& stats) {
   const RecordedFake* rec = recorded(entry.tensor);
   TORCH_CHECK(rec != nullptr, "torchdefer: cannot materialize '", entry.name, "' (",
@@ -160,13 +147,16 @@ at::Tensor compute_shard(const ModuleTensors::Entry& entry, const Box& box,
   return own(slice(full, box), box, options, entry);
 }
 
-MaterializeStats materialize_sharded(const ModuleTensors& tensors,
+MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
                                      const MaterializeOptions& options) {
   MaterializeStats stats;
   std::vector<at::Tensor> whole_tensors;
   std::vector<std::pair<at::Tensor, at::Tensor>> shards;  // fake, local
   std::vector<ShardInfo> infos;
-  for (const ModuleTensors::Entry& entry : tensors.entries()) {
+  for (const NamedTensor& entry : tensors) {
+    if (!is_fake(entry.tensor)) {
+      continue;
+    }
     TensorStats tensor_stats;
     tensor_stats.name = entry.name;
     tensor_stats.global_sizes = entry.tensor.sizes().vec();
@@ -206,20 +196,30 @@ void materialize_tensors(const std::vector<at::Tensor>& tensors,
   detail::materialize_tensors_in_place(tensors, options);
 }
 
-MaterializeStats materialize_module(torch::nn::Module& module, const MaterializeOptions& options) {
-  ModuleTensors tensors(options);
-  tensors.collect(module, "", /*is_root=*/true);
+MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tensors,
+                                           const MaterializeOptions& options) {
   if (options.sharded()) {
     return materialize_sharded(tensors, options);
   }
   MaterializeStats stats;
-  for (const ModuleTensors::Entry& entry : tensors.entries()) {
+  std::vector<at::Tensor> fakes;
+  for (const NamedTensor& entry : tensors) {
+    if (!is_fake(entry.tensor)) {
+      continue;
+    }
     const auto bytes = static_cast<int64_t>(entry.tensor.nbytes());
     stats.tensors.push_back(
         {entry.name, entry.tensor.sizes().vec(), std::nullopt, false, "", bytes, bytes});
+    fakes.push_back(entry.tensor);
   }
-  detail::materialize_tensors_in_place(tensors.tensors(), options);
+  detail::materialize_tensors_in_place(fakes, options);
   return stats;
+}
+
+MaterializeStats materialize_module(torch::nn::Module& module, const MaterializeOptions& options) {
+  ModuleTensors tensors(options);
+  tensors.collect(module, "", /*is_root=*/true);
+  return materialize_named_tensors(tensors.entries(), options);
 }
 
 std::string MaterializeStats::to_string() const {

@@ -147,6 +147,18 @@ void materialize_tensors(const std::vector<at::Tensor>& tensors,
 MaterializeStats materialize_module(torch::nn::Module& module,
                                     const MaterializeOptions& options = {});
 
+// A tensor of a module, by qualified name, for callers that walk their own module trees (the
+// Python package). Shard layouts split parameters and keep buffers whole.
+struct NamedTensor {
+  std::string name;
+  at::Tensor tensor;
+  bool parameter = true;
+};
+
+// materialize_module for a list of named tensors (check_fn and buffers_only are the caller's).
+MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tensors,
+                                           const MaterializeOptions& options = {});
+
 // True if any parameter or buffer of `module` or its children is still fake.
 bool is_deferred(const torch::nn::Module& module);
 
