@@ -56,6 +56,15 @@ build() {
   fi
   log "building"
   cmake --build "$BUILD_DIR" -j "$(nproc)"
+  link_python_package
+}
+
+# Makes `import torchdefer` work from any directory: a .pth file in site-packages that points at
+# this checkout's build/python (rewritten by every build, so it follows the checkout in use).
+link_python_package() {
+  local site
+  site=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  echo "$(pwd)/$BUILD_DIR/python" > "$site/torchdefer-dev.pth"
 }
 
 check_format() {
@@ -68,10 +77,8 @@ check_format() {
 run_tests() {
   log "C++ tests (ctest)"
   ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
-  if [ -d tests/python ]; then
-    log "Python tests (pytest)"
-    python3 -m pytest -q tests/python
-  fi
+  log "Python tests (pytest)"
+  python3 -m pytest -q tests/python
 }
 
 main() {

@@ -1,0 +1,153 @@
+// torchdefer._C: the Python face of the C++ library. The pure-Python package (bindings/torchdefer)
+// builds the user-facing API on these functions.
+#include <torchdefer/torchdefer.h>
+
+#include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace torchdefer {
+namespace {
+
+// A context manager around an RAII scope: entering creates it, exiting destroys it, on the
+// thread that entered.
+template <typename Scope, typename... Args>
+class PyScope {
+ public:
+  explicit PyScope(Args... args) : args_(std::move(args)...) {}
+  void enter() {
+    TORCH_CHECK(!scope_, "torchdefer: this context manager is already active");
+    scope_ = std::apply([](auto&&... a) { return std::make_unique<Scope>(a...); }, args_);
+  }
+  void exit() { scope_.reset(); }
+
+ private:
+  std::tuple<Args...> args_;
+  std::unique_ptr<Scope> scope_;
+};
+
+using RecordingContext = PyScope<detail::RecordingScope, std::string>;
+
+class FakeModeContext {
+ public:
+  explicit FakeModeContext(std::optional<c10::Device> device) : device_(device) {}
+  void enter() {
+    TORCH_CHECK(!mode_, "torchdefer: this fake_mode is already active");
+    mode_ = device_ ? std::make_unique<FakeMode>(*device_) : std::make_unique<FakeMode>();
+  }
+  void exit() { mode_.reset(); }
+
+ private:
+  std::optional<c10::Device> device_;
+  std::unique_ptr<FakeMode> mode_;
+};
+
+MaterializeOptions make_options(std::optional<c10::Device> device, std::optional<std::string> rng,
+                                std::optional<uint64_t> counter_seed, std::optional<Shard> shard) {
+  MaterializeOptions options;
+  if (device) {
+    options.device(*device);
+  }
+  if (rng) {
+    TORCH_CHECK(*rng == "torch" || *rng == "counter", "torchdefer: rng must be \"torch\" or ",
+                "\"counter\", got \"", *rng, "\"");
+    options.rng(*rng == "torch" ? RngMode::kTorch : RngMode::kCounter);
+  }
+  if (counter_seed) {
+    options.counter_seed(*counter_seed);
+  }
+  if (shard) {
+    options.shard(*shard);
+  }
+  return options;
+}
+
+py::dict stats_to_dict(const TensorStats& t) {
+  py::dict d;
+  d["name"] = t.name;
+  d["global_shape"] = t.global_sizes;
+  if (t.box) {
+    d["box"] = py::make_tuple(t.box->start, t.box->stop);
+  } else {
+    d["box"] = py::none();
+  }
+  d["sliced"] = t.sliced;
+  d["fallback"] = t.fallback;
+  d["bytes_computed"] = t.bytes_computed;
+  d["bytes_kept"] = t.bytes_kept;
+  return d;
+}
+
+}  // namespace
+}  // namespace torchdefer
+
+PYBIND11_MODULE(_C, m) {
+  using namespace torchdefer;
+  m.doc() = "torchdefer's C++ core; use the torchdefer package instead.";
+
+  py::class_<RecordingContext>(m, "_RecordingScope")
+      .def(py::init<std::string>())
+      .def("__enter__", &RecordingContext::enter)
+      .def("__exit__", [](RecordingContext& self, py::args) { self.exit(); });
+
+  py::class_<FakeModeContext>(m, "_FakeMode")
+      .def(py::init<std::optional<c10::Device>>())
+      .def("__enter__", &FakeModeContext::enter)
+      .def("__exit__", [](FakeModeContext& self, py::args) { self.exit(); });
+
+  py::class_<Shard>(m, "Shard", "This rank's slice of every parameter: torch.chunk semantics.")
+      .def(py::init<int64_t, int64_t, int64_t, bool>(), py::arg("rank"), py::arg("world_size"),
+           py::arg("dim") = 0, py::arg("padded") = false)
+      .def_readonly("rank", &Shard::rank)
+      .def_readonly("world_size", &Shard::world_size)
+      .def_readonly("dim", &Shard::dim)
+      .def_readonly("padded", &Shard::padded)
+      .def("__repr__", [](const Shard& s) {
+        return "Shard(rank=" + std::to_string(s.rank) +
+               ", world_size=" + std::to_string(s.world_size) + ", dim=" + std::to_string(s.dim) +
+               ", padded=" + (s.padded ? "True" : "False") + ")";
+      });
+
+  m.def("is_fake", [](const at::Tensor& t) { return is_fake(t); });
+  m.def("describe", [](const at::Tensor& t) { return describe(t); });
+  m.def("explain", [](const at::Tensor& t) { return explain(t); });
+  m.def("shard_info", [](const at::Tensor& t) -> py::object {
+    const std::optional<ShardInfo> info = shard_info(t);
+    if (!info) {
+      return py::none();
+    }
+    py::dict d;
+    d["global_shape"] = info->global_sizes;
+    d["box"] = py::make_tuple(info->box.start, info->box.stop);
+    d["padded"] = info->padded;
+    return std::move(d);
+  });
+  m.def(
+      "materialize_named",
+      [](const std::vector<std::tuple<std::string, at::Tensor, bool>>& entries,
+         std::optional<c10::Device> device, std::optional<std::string> rng,
+         std::optional<uint64_t> counter_seed, std::optional<Shard> shard) {
+        std::vector<NamedTensor> tensors;
+        for (const auto& [name, tensor, parameter] : entries) {
+          tensors.push_back({name, tensor, parameter});
+        }
+        const MaterializeOptions options = make_options(device, rng, counter_seed, shard);
+        MaterializeStats stats;
+        {
+          py::gil_scoped_release no_gil;
+          stats = materialize_named_tensors(tensors, options);
+        }
+        py::list result;
+        for (const TensorStats& t : stats.tensors) {
+          result.append(stats_to_dict(t));
+        }
+        return result;
+      },
+      py::arg("entries"), py::arg("device") = py::none(), py::arg("rng") = py::none(),
+      py::arg("counter_seed") = py::none(), py::arg("shard") = py::none());
+}
