@@ -58,18 +58,35 @@ def shard_info(tensor: torch.Tensor) -> Optional[Dict[str, Any]]:
 
 
 @contextlib.contextmanager
+def _no_cuda_lazy_init() -> Iterator[None]:
+    """torch's Python factories call torch.cuda._lazy_init() for a CUDA device before the
+    dispatcher sees the call (only torch's own Python FakeTensorMode skips it). Where CUDA is not
+    available at all, fakes on CUDA would fail there; while recording or faking, the call does
+    nothing instead. Where CUDA is available it initializes as usual."""
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.cuda._lazy_init
+    torch.cuda._lazy_init = lambda: None
+    try:
+        yield
+    finally:
+        torch.cuda._lazy_init = original
+
+
+@contextlib.contextmanager
 def fake_mode(device: DeviceLike = None) -> Iterator[None]:
     """While active, every factory returns a fake tensor (on ``device`` if a factory names none).
 
     Nothing is recorded: fakes from ``fake_mode`` can be inspected and run forward, not
-    materialized. Use :func:`deferred_init` for that. From Python, a CUDA ``device`` currently
-    needs a CUDA-enabled PyTorch: torch's Python factories initialize CUDA before the dispatcher
-    sees the call (C++ callers have no such step).
+    materialized. Use :func:`deferred_init` for that. A CUDA ``device`` works without a GPU;
+    where CUDA is available, torch's Python factories still initialize it.
     """
     # Python factories always pass a device (torch's default device), so the default that
     # FakeMode sets for C++ callers is set here through torch's own device context too.
-    with _C._FakeMode(_device(device)), torch.device(device or torch.get_default_device()):
-        yield
+    with _no_cuda_lazy_init(), _C._FakeMode(_device(device)):
+        with torch.device(device or torch.get_default_device()):
+            yield
 
 
 def deferred_init(module_cls_or_callable: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -82,7 +99,7 @@ def deferred_init(module_cls_or_callable: Callable[..., Any], *args: Any, **kwar
             f"{type(module_cls_or_callable).__name__}"
         )
     name = getattr(module_cls_or_callable, "__qualname__", repr(module_cls_or_callable))
-    with _C._RecordingScope(name):
+    with _no_cuda_lazy_init(), _C._RecordingScope(name):
         return module_cls_or_callable(*args, **kwargs)
 
 

@@ -202,6 +202,28 @@ def test_fake_mode_and_repr_never_touch_data():
     assert "FakeTensor" in str(out)
 
 
+def test_fake_cuda_works_without_a_gpu_and_materializes_on_the_cpu():
+    with torchdefer.fake_mode("cuda"):
+        layer = torch.nn.Linear(64, 32)
+        out = layer(torch.ones(2, 64))
+    assert layer.weight.device == torch.device("cuda", 0) and out.device == torch.device("cuda", 0)
+
+    def on_cuda():
+        with torch.device("cuda"):
+            return torch.nn.Linear(16, 8)
+
+    torch.manual_seed(4)
+    eager = torch.nn.Linear(16, 8)
+    torch.manual_seed(4)
+    deferred = torchdefer.deferred_init(on_cuda)
+    assert deferred.weight.is_cuda
+    torchdefer.materialize_module(deferred, device="cpu")
+    assert deferred.weight.device == torch.device("cpu")
+    assert_same_state(eager, deferred)
+    if not torch.cuda.is_available():
+        assert not torch.cuda.is_initialized()
+
+
 def test_explain_shows_the_recorded_ops():
     deferred = torchdefer.deferred_init(torch.nn.Linear, 8, 4)
     assert "uniform_" in torchdefer.explain(deferred.weight)
