@@ -20,6 +20,7 @@ import torch
 
 from torchdefer import _C
 from torchdefer._C import Shard
+from torchdefer._trunc_normal import recordable_trunc_normal
 
 __all__ = [
     "Shard",
@@ -99,7 +100,7 @@ def deferred_init(module_cls_or_callable: Callable[..., Any], *args: Any, **kwar
             f"{type(module_cls_or_callable).__name__}"
         )
     name = getattr(module_cls_or_callable, "__qualname__", repr(module_cls_or_callable))
-    with _no_cuda_lazy_init(), _C._RecordingScope(name):
+    with _no_cuda_lazy_init(), recordable_trunc_normal(), _C._RecordingScope(name):
         return module_cls_or_callable(*args, **kwargs)
 
 

@@ -62,9 +62,8 @@ class Gpt2Like(torch.nn.Module):
 
 
 def trunc_normal_(tensor, std, a, b):
-    """trunc_normal_ by inverse-CDF sampling, as torch.nn.init did before 2.13 (and torchtitan's
-    models rely on); 2.13's rejection sampler has data-dependent control flow (see
-    test_pytorch_2_13_trunc_normal_is_refused_with_a_clear_error)."""
+    """trunc_normal_ by inverse-CDF sampling, as torch.nn.init did before 2.13 and timm still
+    does: a chain of recordable ops (uniform_, erfinv_, mul_, clamp_) that shards slice by slice."""
     import math
 
     def cdf(x):
@@ -94,6 +93,17 @@ class LlamaLike(torch.nn.Module):
             trunc_normal_(layer.weight, std, -2 * std, 2 * std)
 
 
+class TorchtitanLike(torch.nn.Module):
+    """torch.nn.init.trunc_normal_ itself: PyTorch 2.13's rejection sampler."""
+
+    def __init__(self, dim=48, layers=2):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(dim, dim, bias=False) for _ in range(layers))
+        self.norm = torch.nn.LayerNorm(dim)
+        for i, layer in enumerate(self.layers):
+            torch.nn.init.trunc_normal_(layer.weight, mean=0.0, std=0.02 / (2 * (i + 1)) ** 0.5)
+
+
 @pytest.mark.parametrize(
     "make",
     [
@@ -104,8 +114,18 @@ class LlamaLike(torch.nn.Module):
         lambda: torch.nn.MultiheadAttention(32, 4),
         Gpt2Like,
         LlamaLike,
+        TorchtitanLike,
     ],
-    ids=["Linear", "Conv2d", "LSTM", "TransformerEncoderLayer", "MultiheadAttention", "Gpt2Like", "LlamaLike"],
+    ids=[
+        "Linear",
+        "Conv2d",
+        "LSTM",
+        "TransformerEncoderLayer",
+        "MultiheadAttention",
+        "Gpt2Like",
+        "LlamaLike",
+        "TorchtitanLike",
+    ],
 )
 def test_materializing_equals_eager_bitwise(make):
     eager, deferred = eager_and_deferred(make)
@@ -176,13 +196,32 @@ def test_shards_of_every_world_size_concatenate_to_the_full_counter_model(world)
         assert bitwise_equal(torch.cat(pieces[name]), parameter), name
 
 
-def test_pytorch_2_13_trunc_normal_is_refused_with_a_clear_error():
-    # torch.nn.init.trunc_normal_ became rejection sampling in PyTorch 2.13: how many rounds it
-    # draws depends on the values drawn, so there is no static recording of it. The recorder
-    # must say so, naming the data-dependent step, not fail somewhere obscure.
-    with pytest.raises(RuntimeError, match=r"needs the values of .*deferred_init of"):
-        torchdefer.deferred_init(lambda: torch.nn.init.trunc_normal_(torch.empty(8, 8), std=0.02))
-    assert not torchdefer.is_fake(torch.empty(2))
+def test_trunc_normal_is_one_recorded_op_replayed_in_any_order():
+    # PyTorch 2.13's trunc_normal_ draws a value-dependent number of times; it is recorded as one
+    # operator (bindings/torchdefer/_trunc_normal.py) and materializes bitwise in any order.
+    eager, deferred = eager_and_deferred(TorchtitanLike)
+    assert "trunc_normal_(" in torchdefer.explain(deferred.layers[1].weight)
+    torchdefer.materialize_module(deferred.layers[1])
+    torchdefer.materialize_module(deferred)
+    assert_same_state(eager, deferred)
+    assert torch.nn.init.trunc_normal_.__module__ == "torch.nn.init", "the patch must not leak"
+
+
+def test_trunc_normal_shards_fall_back_whole_and_still_agree():
+    def record():
+        torch.manual_seed(5)
+        return torchdefer.deferred_init(TorchtitanLike)
+
+    full = record()
+    torchdefer.materialize_module(full, rng="counter")
+    parts = []
+    for rank in range(3):
+        local = record()
+        stats = torchdefer.materialize_module(local, shard=torchdefer.Shard(rank, 3))
+        weight = next(s for s in stats if s["name"] == "layers.0.weight")
+        assert not weight["sliced"] and "trunc_normal_" in weight["fallback"]
+        parts.append(local.layers[0].weight)
+    assert bitwise_equal(torch.cat(parts), full.layers[0].weight)
 
 
 def test_new_tensor_on_a_fake_builds_the_same_tensor():
