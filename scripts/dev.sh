@@ -11,7 +11,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 readonly BUILD_DIR=build
 readonly APT_PACKAGES=(cmake g++ ninja-build ccache clang-format libgtest-dev libgmock-dev
                        libbenchmark-dev)
-readonly PIP_PACKAGES=(torch==2.13.0 pytest==9.0.3 hypothesis==6.155.2)
+readonly PIP_PACKAGES=(torch==2.13.0 pytest==9.0.3 hypothesis==6.155.2 transformers==5.23.0)
 
 log() { printf '\033[1m[torchdefer] %s\033[0m\n' "$*"; }
 

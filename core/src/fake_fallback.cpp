@@ -272,6 +272,12 @@ class FakeCall {
       shadows_.emplace_back(fake->meta().unsafeGetTensorImpl(), t);
       return fake->meta();
     }
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      // A Python number or NumPy scalar arrives as a 0-dim CPU "wrapped number", which type
+      // promotion treats like a Python scalar (int64 fake * np.float64 is float32). Meta kernels
+      // take CPU scalars as they are, and a meta copy would lose that status.
+      return t;
+    }
     return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
   }
 

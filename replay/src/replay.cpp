@@ -287,6 +287,17 @@ bool GraphReplay::run_counter_node(int64_t index, const RecordedNode& node, c10:
   return true;
 }
 
+// Replay must produce what recording saw; a mismatch means the Fake layer computed metadata the
+// real kernel does not, and the values would be misread. Fail loudly instead.
+void GraphReplay::check_replayed_output(const RecordedNode& node, const RecordedValue& value,
+                                        const at::Tensor& real) const {
+  TORCH_CHECK(real.scalar_type() == value.dtype && real.sizes() == c10::IntArrayRef(value.sizes),
+              "torchdefer: replaying ", op_name(node), " in deferred_init of ", graph_->context(),
+              " produced ", describe(real), ", but recording saw ", c10::toString(value.dtype),
+              c10::IntArrayRef(value.sizes),
+              ". The fake computation disagrees with the real kernel; please report this op.");
+}
+
 void GraphReplay::run_node(int64_t index) {
   const RecordedNode& node = graph_->nodes()[index];
   const c10::FunctionSchema& schema = node.op.schema();
@@ -326,6 +337,7 @@ void GraphReplay::run_node(int64_t index) {
       }
       const int64_t storage = storage_of_value(value);
       if (graph_->storages()[storage].creator == index && to_replay_.count(storage)) {
+        check_replayed_output(node, graph_->values()[value], t);
         replayed_[storage] = t.storage();
       }
       return t;

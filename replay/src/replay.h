@@ -41,6 +41,8 @@ class GraphReplay {
   at::Tensor input_tensor(const RecordedInput& input, c10::Device node_device);
   void place_generator(const RecordedDraws& draws);
   bool run_counter_node(int64_t index, const RecordedNode& node, c10::Device device);
+  void check_replayed_output(const RecordedNode& node, const RecordedValue& value,
+                             const at::Tensor& real) const;
   void run_node(int64_t index);
   std::vector<const RecordedNode*> foreign_inputs() const;
 

@@ -204,7 +204,7 @@ def test_trunc_normal_is_one_recorded_op_replayed_in_any_order():
     torchdefer.materialize_module(deferred.layers[1])
     torchdefer.materialize_module(deferred)
     assert_same_state(eager, deferred)
-    assert torch.nn.init.trunc_normal_.__module__ == "torch.nn.init", "the patch must not leak"
+    assert torch.nn.init._no_grad_trunc_normal_.__module__ == "torch.nn.init", "the patch leaked"
 
 
 def test_trunc_normal_shards_fall_back_whole_and_still_agree():
@@ -261,6 +261,24 @@ def test_fake_cuda_works_without_a_gpu_and_materializes_on_the_cpu():
     assert_same_state(eager, deferred)
     if not torch.cuda.is_available():
         assert not torch.cuda.is_initialized()
+
+
+def test_python_and_numpy_scalars_promote_like_python_numbers():
+    # They arrive as 0-dim "wrapped number" tensors; int64 * np.float64 must stay float32 (the
+    # sinusoidal position table of Whisper depends on it).
+    import numpy as np
+
+    def program():
+        steps = torch.arange(6)
+        return torch.exp(-np.log(10000.0) / 5 * steps), steps * 2.5, steps * np.float64(0.5)
+
+    eager = program()
+    deferred = torchdefer.deferred_init(program)
+    assert [t.dtype for t in deferred] == [t.dtype for t in eager] == [torch.float32] * 3
+    for t in deferred:
+        torchdefer.materialize_tensor(t)
+    for a, b in zip(eager, deferred):
+        assert bitwise_equal(a, b)
 
 
 def test_explain_shows_the_recorded_ops():
