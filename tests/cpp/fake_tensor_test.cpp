@@ -309,6 +309,20 @@ TEST(FakeTensor, MixesWithCpuScalarsLikeARealTensor) {
   EXPECT_EQ((w + real_scalar).device(), c10::Device(c10::kCUDA, 0));
 }
 
+TEST(FakeTensor, PromotesWithWrappedNumbersLikeARealTensor) {
+  // Python numbers and NumPy scalars reach ops as 0-dim CPU "wrapped numbers", which promote like
+  // Python scalars: int64 * wrapped float64 is float32, not float64.
+  at::Tensor wrapped = at::scalar_tensor(2.5, at::kDouble);
+  wrapped.unsafeGetTensorImpl()->set_wrapped_number(true);
+  const at::Tensor real = torch::arange(4) * wrapped;
+  FakeMode fake(at::kCUDA);
+  const at::Tensor product = torch::arange(4) * wrapped;
+  EXPECT_TRUE(is_fake(product));
+  EXPECT_EQ(product.scalar_type(), real.scalar_type());
+  EXPECT_EQ(product.scalar_type(), at::kFloat);
+  EXPECT_EQ(product.device(), c10::Device(c10::kCUDA, 0));
+}
+
 TEST(FakeTensor, IsDescribedWithoutTouchingData) {
   FakeMode fake(at::kCUDA);
   at::Tensor w = torch::empty({3, 4}, torch::kBFloat16);

@@ -317,6 +317,17 @@ TEST(Materialize, RecordsAndReplaysOpsAfterDeferredInitReturned) {
   EXPECT_TRUE(bitwise_equal(halves[1], eager_halves[1]));
 }
 
+TEST(Materialize, ReplaysWrappedNumbersWithTheirPromotion) {
+  at::Tensor wrapped = at::scalar_tensor(-0.25, at::kDouble);
+  wrapped.unsafeGetTensorImpl()->set_wrapped_number(true);
+  auto program = [&] { return torch::exp(torch::arange(6) * wrapped); };
+  const at::Tensor eager = program();
+  const at::Tensor deferred = deferred_init(program);
+  EXPECT_EQ(deferred.scalar_type(), at::kFloat);
+  materialize_tensor(deferred);
+  EXPECT_TRUE(bitwise_equal(deferred, eager));
+}
+
 TEST(Materialize, ReportsProgress) {
   auto model = deferred_init<nn::Linear>(8, 8);
   int64_t calls = 0;
