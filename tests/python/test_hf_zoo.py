@@ -4,8 +4,7 @@ downloaded), eager vs deferred_init + materialize_module, bit for bit; and their
 import pytest
 import torch
 import torchdefer
-
-transformers = pytest.importorskip("transformers", reason="scripts/dev.sh installs transformers")
+import transformers  # installed by scripts/dev.sh; a missing one must fail, not skip
 
 SMALL = dict(
     hidden_size=64,
