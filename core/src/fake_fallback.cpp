@@ -141,7 +141,7 @@ class FakeCall {
   void collect_tensors() {
     const auto& arguments = schema_.arguments();
     for (size_t i = 0; i < arguments.size(); ++i) {
-      const bool written = arguments[i].alias_info() && arguments[i].alias_info()->isWrite();
+      const bool written = is_written(arguments[i]);
       map_tensors(argument(i), [&](const at::Tensor& t) {
         if (t.defined()) {
           tensors_.push_back({t, arguments[i].name(), written});

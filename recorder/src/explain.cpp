@@ -86,7 +86,7 @@ std::string describe_node(const OpGraph& graph, const RecordedNode& node) {
       tensors.push_back(describe_input(graph, node.inputs[next_input++]));
       return t;
     });
-    const bool written_self = i == 0 && argument.alias_info() && argument.alias_info()->isWrite();
+    const bool written_self = i == 0 && is_written(argument);
     if (written_self) {
       continue;
     }

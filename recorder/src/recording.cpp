@@ -119,7 +119,19 @@ class Recorder {
     return input;
   }
 
-  RecordedNode describe_call() const {
+  // Also remembers the fakes the call writes, before the call pops its arguments.
+  RecordedNode describe_call() {
+    const auto& arguments = schema_.arguments();
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      if (is_written(arguments[i])) {
+        map_tensors(stack_[first_argument_ + i], [&](const at::Tensor& t) {
+          if (is_fake(t)) {
+            written_.push_back(t);
+          }
+          return t;
+        });
+      }
+    }
     RecordedNode node{op_, {}, {}, {}, std::nullopt};
     node.arguments.reserve(schema_.arguments().size());
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
@@ -132,18 +144,6 @@ class Recorder {
   }
 
   void redispatch(c10::DispatchKeySet keys) {
-    // Written arguments, remembered before the call pops them.
-    const auto& arguments = schema_.arguments();
-    for (size_t i = 0; i < arguments.size(); ++i) {
-      if (arguments[i].alias_info() && arguments[i].alias_info()->isWrite()) {
-        map_tensors(stack_[first_argument_ + i], [&](const at::Tensor& t) {
-          if (is_fake(t)) {
-            written_.push_back(t);
-          }
-          return t;
-        });
-      }
-    }
     c10::impl::ExcludeDispatchKeyGuard no_recording(kDeferredInitKey);
     try {
       op_.redispatchBoxed(

@@ -161,8 +161,7 @@ namespace {
 // exactly as eager would have. Returns why it cannot, if it cannot.
 std::optional<std::string> run_on_scratch(const RecordedNode& node, const at::Tensor& target) {
   const c10::FunctionSchema& schema = node.op.schema();
-  const bool writes_self = !schema.arguments().empty() && schema.arguments()[0].alias_info() &&
-                           schema.arguments()[0].alias_info()->isWrite();
+  const bool writes_self = writes_first_argument(schema);
   c10::impl::ExcludeDispatchKeyGuard real_only(c10::DispatchKeySet(kFakeKey) |
                                                c10::DispatchKeySet(kDeferredInitKey));
   c10::AutoGradMode no_grad(false);

@@ -154,11 +154,6 @@ Box to_base(const BoxView& view, const Box& view_box, size_t base_rank) {
   return box;
 }
 
-bool writes_self(const RecordedNode& node) {
-  const auto& arguments = node.op.schema().arguments();
-  return !arguments.empty() && arguments[0].alias_info() && arguments[0].alias_info()->isWrite();
-}
-
 bool is_factory(std::string_view name) {
   static constexpr std::string_view kFactories[] = {
       "aten::zeros",         "aten::ones",       "aten::full",      "aten::empty",
@@ -335,7 +330,7 @@ bool RegionReplay::apply_write(int64_t index, const RecordedValue& base, const B
                                at::Tensor& local) {
   const RecordedNode& node = graph_.nodes()[index];
   const std::string op = c10::toString(node.op.schema().operator_name());
-  if (!writes_self(node) || node.inputs.empty() ||
+  if (!writes_first_argument(node.op.schema()) || node.inputs.empty() ||
       node.inputs[0].kind != RecordedInput::Kind::kValue) {
     return fail(op);
   }

@@ -269,9 +269,7 @@ bool GraphReplay::run_counter_node(int64_t index, const RecordedNode& node, c10:
     return false;
   }
   const c10::FunctionSchema& schema = node.op.schema();
-  const bool in_place = !schema.arguments().empty() && schema.arguments()[0].alias_info() &&
-                        schema.arguments()[0].alias_info()->isWrite();
-  if (in_place) {
+  if (writes_first_argument(schema)) {
     counter_fill(input_tensor(node.inputs[0], device), *params, seed, stream);
     return true;
   }
@@ -346,8 +344,10 @@ void GraphReplay::run_node(int64_t index) {
 }
 
 void GraphReplay::execute() {
-  for (const RecordedNode* node : foreign_inputs()) {
-    for (const RecordedInput& input : node->inputs) {
+  // Fakes of other recordings that these nodes read are materialized first (they are real
+  // afterwards, and input_tensor() takes them as they are).
+  for (const int64_t index : nodes_) {
+    for (const RecordedInput& input : graph_->nodes()[index].inputs) {
       if (input.kind == RecordedInput::Kind::kForeignFake && is_fake(input.tensor)) {
         materialize_tensors_in_place({input.tensor}, options_);
       }
@@ -373,20 +373,6 @@ void GraphReplay::execute() {
         replayed != replayed_.end() ? replayed->second : available_.at(storage);
     views_.push_back(view_of(real, t.sizes(), t.strides(), t.storage_offset(), t.scalar_type()));
   }
-}
-
-std::vector<const RecordedNode*> GraphReplay::foreign_inputs() const {
-  std::vector<const RecordedNode*> nodes;
-  for (const int64_t index : nodes_) {
-    const RecordedNode& node = graph_->nodes()[index];
-    for (const RecordedInput& input : node.inputs) {
-      if (input.kind == RecordedInput::Kind::kForeignFake) {
-        nodes.push_back(&node);
-        break;
-      }
-    }
-  }
-  return nodes;
 }
 
 void GraphReplay::commit() noexcept {

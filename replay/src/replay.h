@@ -44,7 +44,6 @@ class GraphReplay {
   void check_replayed_output(const RecordedNode& node, const RecordedValue& value,
                              const at::Tensor& real) const;
   void run_node(int64_t index);
-  std::vector<const RecordedNode*> foreign_inputs() const;
 
   std::shared_ptr<OpGraph> graph_;
   const MaterializeOptions& options_;

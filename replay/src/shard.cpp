@@ -26,14 +26,6 @@ std::vector<int64_t> Box::sizes() const {
   return sizes;
 }
 
-int64_t Box::numel() const {
-  int64_t n = 1;
-  for (const int64_t s : sizes()) {
-    n *= s;
-  }
-  return n;
-}
-
 Box whole(c10::IntArrayRef sizes) {
   return Box{std::vector<int64_t>(sizes.size(), 0), sizes.vec()};
 }

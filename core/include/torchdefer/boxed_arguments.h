@@ -41,6 +41,17 @@ c10::IValue map_tensors(const c10::IValue& value, const F& f) {
   return value;
 }
 
+// True if the operator writes this argument in place (`Tensor(a!)`): from the schema's alias
+// annotations, never from op names.
+inline bool is_written(const c10::Argument& argument) {
+  return argument.alias_info() != nullptr && argument.alias_info()->isWrite();
+}
+
+// True for in-place ops: the first argument (`self`) is written.
+inline bool writes_first_argument(const c10::FunctionSchema& schema) {
+  return !schema.arguments().empty() && is_written(schema.arguments()[0]);
+}
+
 // True for a `Device` or `Device?` argument (factories' `device=`, `_to_copy`'s target).
 inline bool is_device_argument(const c10::Argument& argument) {
   const auto& type = argument.type();

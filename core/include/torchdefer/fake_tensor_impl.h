@@ -45,9 +45,6 @@ class FakeTensorImpl final : public c10::TensorImpl {
   // The meta shadow (undefined once this tensor turned real).
   const at::Tensor& meta() const { return meta_; }
 
-  // The device this fake reports.
-  c10::Device fake_device() const { return device_; }
-
   // Two fakes alias exactly when their storage identities are equal.
   const c10::StorageImpl* storage_identity() const;
 

@@ -19,7 +19,6 @@ struct Box {
   std::vector<int64_t> stop;
 
   std::vector<int64_t> sizes() const;
-  int64_t numel() const;
   bool operator==(const Box& other) const { return start == other.start && stop == other.stop; }
 };
 
