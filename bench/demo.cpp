@@ -213,6 +213,7 @@ void materialize_shard(torchdefer::models::Llama& model, const torchdefer::Shard
   double kept = 0;
   double computed = 0;
   std::map<std::string, int64_t> fallbacks;
+  std::map<std::string, int64_t> whole_inputs;
   for (const torchdefer::TensorStats& t : stats.tensors) {
     kept += static_cast<double>(t.bytes_kept);
     computed += static_cast<double>(t.bytes_computed);
@@ -220,6 +221,9 @@ void materialize_shard(torchdefer::models::Llama& model, const torchdefer::Shard
       ++whole;
     } else if (t.sliced) {
       ++sliced;
+      if (!t.fallback.empty()) {
+        ++whole_inputs[t.fallback];
+      }
     } else {
       ++fallbacks[t.fallback];
     }
@@ -228,6 +232,10 @@ void materialize_shard(torchdefer::models::Llama& model, const torchdefer::Shard
               static_cast<long long>(sliced), static_cast<long long>(whole));
   for (const auto& [op, count] : fallbacks) {
     std::printf("   fell back       %lld computed whole then sliced (%s)\n",
+                static_cast<long long>(count), op.c_str());
+  }
+  for (const auto& [op, count] : whole_inputs) {
+    std::printf("   whole inputs    %lld sliced, with inputs computed whole (%s)\n",
                 static_cast<long long>(count), op.c_str());
   }
   std::printf("   bytes kept      %s (computed %s)\n", human_bytes(kept).c_str(),

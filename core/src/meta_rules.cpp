@@ -37,6 +37,14 @@ c10::ScalarType stats_dtype(const at::Tensor& input) {
 
 Outputs same_shape(Arguments args) { return {like(args[0].toTensor())}; }
 
+// abs of a complex tensor is real.
+Outputs abs(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  return {meta_empty(self.sizes(), self, c10::toRealValueType(self.scalar_type()))};
+}
+
+Outputs in_place(Arguments args) { return {args[0]}; }
+
 Outputs with_empty_buffer(Arguments args) {
   const at::Tensor& self = args[0].toTensor();
   return {like(self), meta_empty({0}, self, self.scalar_type())};
@@ -172,6 +180,8 @@ Outputs randperm(Arguments args) {
 
 // Keyed by "name" or "name.overload".
 constexpr std::pair<std::string_view, MetaRule> kRules[] = {
+    {"aten::abs", abs},
+    {"aten::abs_", in_place},
     {"aten::relu", same_shape},
     {"aten::hardtanh", same_shape},
     {"aten::hardswish", same_shape},

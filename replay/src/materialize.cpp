@@ -6,6 +6,7 @@
 
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/StringUtil.h>
 #include <torch/nn/module.h>
 
 #include <sstream>
@@ -130,9 +131,10 @@ at::Tensor compute_shard(const NamedTensor& entry, const Box& box,
   c10::impl::ExcludeDispatchKeyGuard real_only(c10::DispatchKeySet(kFakeKey) |
                                                c10::DispatchKeySet(kDeferredInitKey));
   c10::AutoGradMode no_grad(false);
-  detail::RegionReplay region(*graph, options);
+  detail::RegionReplay region(graph, options);
   if (std::optional<at::Tensor> local = region.local(rec->value, box)) {
     stats.sliced = true;
+    stats.fallback = c10::Join(", ", region.whole_inputs());
     stats.bytes_computed = region.bytes_computed();
     return own(*local, box, options, entry);
   }
@@ -232,7 +234,13 @@ std::string MaterializeStats::to_string() const {
     out << t.name << " " << c10::IntArrayRef(t.global_sizes);
     if (t.box) {
       out << " box " << c10::IntArrayRef(t.box->start) << " to " << c10::IntArrayRef(t.box->stop);
-      out << (t.sliced ? " sliced" : " whole then sliced (" + t.fallback + ")");
+      if (!t.sliced) {
+        out << " whole then sliced (" << t.fallback << ")";
+      } else if (!t.fallback.empty()) {
+        out << " sliced, inputs computed whole (" << t.fallback << ")";
+      } else {
+        out << " sliced";
+      }
       (t.sliced ? sliced : fell_back) += 1;
     } else {
       out << " whole";

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "recorded_ops.h"
+#include "replay.h"
 
 namespace torchdefer::detail {
 namespace {
@@ -163,18 +164,80 @@ bool is_factory(std::string_view name) {
   return std::find(std::begin(kFactories), std::end(kFactories), name) != std::end(kFactories);
 }
 
-bool maps_regions_one_to_one(const RecordedNode& node) {
-  const std::string& name = node.op.schema().name();
-  return node.op.hasTag(at::Tag::pointwise) || name == "aten::to" || name == "aten::_to_copy" ||
-         name == "aten::clone" || name == "aten::contiguous";
+// Note [Region-exact pointwise ops]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A pointwise op computed on a region must give the bits it gives on the whole tensor. ATen does
+// not promise that: its CPU loops run a vectorized body and a scalar tail, and for some ops the
+// two differ in the last bit (sigmoid, exp2, pow with a fractional exponent, gelu in float32 and
+// float64; rsqrt in bfloat16; add/sub with alpha in float16 and bfloat16). Which elements land in
+// the tail depends on where a region starts, so such an op would make shards disagree with the
+// full tensor. Only ops whose results are exactly rounded or computed the same way on both paths
+// are listed here; tests/cpp/shard_test.cpp checks every one of them, for every floating dtype,
+// at region boundaries that are not vector aligned, so a PyTorch that changes a kernel fails CI
+// instead of producing shards that do not concatenate. Everything else falls back.
+bool region_exact_pointwise(const RecordedNode& node, c10::ScalarType dtype) {
+  static constexpr std::string_view kOps[] = {
+      "aten::add",       "aten::sub",       "aten::rsub",    "aten::mul",         "aten::div",
+      "aten::neg",       "aten::abs",       "aten::sqrt",    "aten::exp",         "aten::log",
+      "aten::log1p",     "aten::expm1",     "aten::sin",     "aten::cos",         "aten::tanh",
+      "aten::erf",       "aten::erfinv",    "aten::atan",    "aten::clamp",       "aten::clamp_min",
+      "aten::clamp_max", "aten::where",     "aten::sign",    "aten::maximum",     "aten::minimum",
+      "aten::fmod",      "aten::remainder", "aten::square",  "aten::reciprocal",  "aten::floor",
+      "aten::ceil",      "aten::round",     "aten::trunc",   "aten::masked_fill", "aten::fill",
+      "aten::zero",      "aten::addcmul",   "aten::addcdiv", "aten::lerp",        "aten::eq",
+      "aten::ne",        "aten::lt",        "aten::le",      "aten::gt",          "aten::ge",
+      "aten::to",        "aten::_to_copy",  "aten::clone",   "aten::contiguous",  "aten::copy"};
+  std::string_view name = node.op.schema().name();
+  if (!name.empty() && name.back() == '_') {
+    name.remove_suffix(1);
+  }
+  if (std::find(std::begin(kOps), std::end(kOps), name) == std::end(kOps)) {
+    return false;
+  }
+  if (name == "aten::add" || name == "aten::sub") {
+    const std::optional<double> alpha = double_argument(node, "alpha");
+    return !alpha || *alpha == 1.0 ||
+           (dtype != c10::ScalarType::Half && dtype != c10::ScalarType::BFloat16);
+  }
+  return true;
+}
+
+// The box of an input of shape `input` that broadcasting maps onto `region` of an output of shape
+// `output` (sizes aligned from the right; a size-1 input dimension is read whole), or nullopt if
+// `input` does not broadcast to `output`.
+std::optional<Box> broadcast_box(c10::IntArrayRef input, c10::IntArrayRef output,
+                                 const Box& region) {
+  if (input.size() > output.size()) {
+    return std::nullopt;
+  }
+  const size_t lead = output.size() - input.size();
+  Box box = whole(input);
+  for (size_t i = 0; i < input.size(); ++i) {
+    if (input[i] == output[lead + i]) {
+      box.start[i] = region.start[lead + i];
+      box.stop[i] = region.stop[lead + i];
+    } else if (input[i] != 1) {
+      return std::nullopt;
+    }
+  }
+  return box;
+}
+
+at::Tensor slice(const at::Tensor& t, const Box& box) {
+  at::Tensor part = t;
+  for (size_t d = 0; d < box.start.size(); ++d) {
+    part = part.narrow(static_cast<int64_t>(d), box.start[d], box.stop[d] - box.start[d]);
+  }
+  return part;
 }
 
 }  // namespace
 
-RegionReplay::RegionReplay(const OpGraph& graph, const MaterializeOptions& options)
-    : graph_(graph),
+RegionReplay::RegionReplay(std::shared_ptr<OpGraph> graph, const MaterializeOptions& options)
+    : graph_(*graph),
+      graph_ptr_(std::move(graph)),
       options_(options),
-      seed_(options.counter_seed().value_or(graph.counter_seed())) {}
+      seed_(options.counter_seed().value_or(graph_.counter_seed())) {}
 
 bool RegionReplay::fail(std::string why) {
   why_ = std::move(why);
@@ -202,7 +265,7 @@ std::optional<at::Tensor> RegionReplay::local(int64_t value_index, const Box& bo
   const RecordedValue& base = graph_.values()[storage.base_value];
   const RecordedNode& creator = graph_.nodes()[storage.creator];
   if (!(creator.draws && counter_params(creator)) && !is_factory(creator.op.schema().name()) &&
-      !maps_regions_one_to_one(creator)) {
+      !region_exact_pointwise(creator, base.dtype)) {
     fail(c10::toString(creator.op.schema().operator_name()));
     return std::nullopt;
   }
@@ -242,34 +305,48 @@ std::optional<at::Tensor> RegionReplay::input_region(const RecordedInput& input,
       return at::Tensor();
     case RecordedInput::Kind::kValue: {
       const RecordedValue& value = graph_.values()[input.value];
-      if (value.sizes.empty()) {
-        return local(input.value, whole({}));
-      }
-      if (c10::IntArrayRef(value.sizes) != output_sizes) {
-        fail("broadcasting");
+      const std::optional<Box> box = broadcast_box(value.sizes, output_sizes, region);
+      if (!box) {
+        fail("an input that does not broadcast to the output");
         return std::nullopt;
       }
-      return local(input.value, region);
+      return local_or_whole(input.value, *box);
     }
     case RecordedInput::Kind::kReal:
-    case RecordedInput::Kind::kConstant:
-      if (input.tensor.dim() == 0) {
-        return input.tensor;
+    case RecordedInput::Kind::kConstant: {
+      const std::optional<Box> box = broadcast_box(input.tensor.sizes(), output_sizes, region);
+      if (!box) {
+        fail("an input that does not broadcast to the output");
+        return std::nullopt;
       }
-      if (input.tensor.sizes() == output_sizes) {
-        at::Tensor t = input.tensor;
-        for (size_t d = 0; d < region.start.size(); ++d) {
-          t = t.narrow(static_cast<int64_t>(d), region.start[d], region.stop[d] - region.start[d]);
-        }
-        return t;
-      }
-      fail("broadcasting a real tensor");
-      return std::nullopt;
+      return slice(input.tensor, *box);
+    }
     case RecordedInput::Kind::kForeignFake:
       fail("a fake of another recording");
       return std::nullopt;
   }
   return std::nullopt;
+}
+
+at::Tensor RegionReplay::local_or_whole(int64_t value, const Box& box) {
+  if (std::optional<at::Tensor> part = local(value, box)) {
+    return *part;
+  }
+  if (std::find(whole_inputs_.begin(), whole_inputs_.end(), why_) == whole_inputs_.end()) {
+    whole_inputs_.push_back(why_);
+  }
+  return slice(compute_whole(value), box);
+}
+
+at::Tensor RegionReplay::compute_whole(int64_t value) {
+  GraphReplay replay(graph_ptr_, options_);
+  replay.add_value(value);
+  replay.plan();
+  replay.validate();
+  replay.execute();
+  at::Tensor full = replay.result(0);
+  bytes_computed_ += static_cast<int64_t>(full.storage().nbytes());
+  return full;
 }
 
 std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedValue& base,
@@ -298,7 +375,7 @@ std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedVal
     }
     return result;
   }
-  if (!maps_regions_one_to_one(node)) {
+  if (!region_exact_pointwise(node, base.dtype)) {
     fail(op);
     return std::nullopt;
   }
@@ -352,8 +429,7 @@ bool RegionReplay::apply_write(int64_t index, const RecordedValue& base, const B
     counter_fill(part, *params, seed_, node.draws->stream, {target.sizes, part_box.start});
     return true;
   }
-  const std::string& name = node.op.schema().name();
-  if (!node.op.hasTag(at::Tag::pointwise) && name != "aten::copy_") {
+  if (!region_exact_pointwise(node, target.dtype)) {
     return fail(op);
   }
   torch::jit::Stack stack;

@@ -7,8 +7,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace torchdefer::detail {
 
@@ -23,23 +25,29 @@ namespace torchdefer::detail {
 //  * factories (zeros, ones, full, empty and their _like/new_ forms) and counter-RNG random ops
 //    produce just the region: a random op's element index is its row-major index in its own
 //    output shape, which the box view maps (Note [Counter RNG]);
-//  * pointwise ops (ATen's `pointwise` tag, casts, clone) map a region to the same region of
-//    inputs of the same shape; 0-dim inputs are taken whole;
-//  * copy_ maps its destination's region to the same region of its source.
-// Anything else (linalg_qr inside orthogonal_, reductions, matmul, randperm, broadcasting, views
-// with odd geometry, torch-mode random ops, which draw sequentially) makes the caller fall back:
-// materialize the tensor whole, then slice. That is always correct; why() names the op, for the
-// per-parameter stats.
+//  * pointwise ops on Note [Region-exact pointwise ops]'s list (arithmetic, casts, clone, copy_,
+//    fill_) map a region to the same region of each input; an input that broadcasts is read over
+//    the box broadcasting maps the region to (a size-1 dimension whole, a 0-dim input whole).
+// An input that none of these rules reaches (linalg_qr inside orthogonal_, a reduction, matmul,
+// randperm, arange, a view with odd geometry, a torch-mode random op, which draws sequentially) is
+// computed whole by the ordinary replay and sliced: only that input costs its full size, and
+// whole_inputs() names the op for the per-parameter stats. When the requested value itself has
+// no rule, local() returns nullopt and why() names the op; the caller computes it whole and
+// slices. Either way the result has the bits of the full materialization.
 class RegionReplay {
  public:
-  RegionReplay(const OpGraph& graph, const MaterializeOptions& options);
+  RegionReplay(std::shared_ptr<OpGraph> graph, const MaterializeOptions& options);
 
   // The values of recorded value `value` inside `box` (in the value's own index space), computed
-  // from that region alone; nullopt when some op on the way has no region rule.
+  // from that region, with inputs that have no region rule computed whole; nullopt when the ops
+  // that write `value`'s own storage have none.
   std::optional<at::Tensor> local(int64_t value, const Box& box);
 
   // Why the last local() returned nullopt.
   const std::string& why() const { return why_; }
+
+  // The ops that made local() compute some input whole, each once, in the order met.
+  const std::vector<std::string>& whole_inputs() const { return whole_inputs_; }
 
   // Bytes of the tensors this replay allocated, region results and intermediates.
   int64_t bytes_computed() const { return bytes_computed_; }
@@ -48,6 +56,8 @@ class RegionReplay {
   std::optional<at::Tensor> storage_region(int64_t storage, const Box& region);
   std::optional<at::Tensor> created(int64_t node, const RecordedValue& base, const Box& region);
   bool apply_write(int64_t node, const RecordedValue& base, const Box& region, at::Tensor& local);
+  at::Tensor local_or_whole(int64_t value, const Box& box);
+  at::Tensor compute_whole(int64_t value);
   std::optional<at::Tensor> input_region(const RecordedInput& input, c10::IntArrayRef output_sizes,
                                          const Box& region);
   c10::Device device_of(const RecordedValue& value) const;
@@ -55,9 +65,11 @@ class RegionReplay {
   bool fail(std::string why);
 
   const OpGraph& graph_;
+  std::shared_ptr<OpGraph> graph_ptr_;
   const MaterializeOptions& options_;
   uint64_t seed_;
   std::string why_;
+  std::vector<std::string> whole_inputs_;
   int64_t bytes_computed_ = 0;
 };
 

@@ -45,6 +45,11 @@ at::Tensor view_of(const c10::Storage& storage, c10::IntArrayRef sizes, c10::Int
   return view;
 }
 
+std::string describe_value(const RecordedValue& value) {
+  return c10::str("an intermediate ", value.dtype, c10::IntArrayRef(value.sizes), " on ",
+                  value.device);
+}
+
 std::string op_name(const RecordedNode& node) {
   return c10::toString(node.op.schema().operator_name());
 }
@@ -73,7 +78,15 @@ class GeneratorRestorer {
 GraphReplay::GraphReplay(std::shared_ptr<OpGraph> graph, const MaterializeOptions& options)
     : graph_(std::move(graph)), options_(options) {}
 
-void GraphReplay::add_target(const at::Tensor& fake) { targets_.push_back(fake); }
+void GraphReplay::add_target(const at::Tensor& fake) {
+  targets_.push_back(fake);
+  target_values_.push_back(recorded(fake)->value);
+}
+
+void GraphReplay::add_value(int64_t value) {
+  targets_.emplace_back();
+  target_values_.push_back(value);
+}
 
 int64_t GraphReplay::storage_of_value(int64_t value) const {
   return graph_->values()[value].storage;
@@ -86,8 +99,8 @@ void GraphReplay::plan() {
       pending.push_back(storage);
     }
   };
-  for (const at::Tensor& t : targets_) {
-    const int64_t storage = storage_of_value(recorded(t)->value);
+  for (const int64_t value : target_values_) {
+    const int64_t storage = storage_of_value(value);
     c10::intrusive_ptr<c10::StorageImpl> real = graph_->storages()[storage].real.lock();
     if (real) {
       available_.emplace(storage, c10::Storage(std::move(real)));
@@ -141,8 +154,9 @@ c10::Device GraphReplay::device_for(const RecordedValue& value) const {
 
 void GraphReplay::validate() {
   std::set<std::string> checked_devices;
-  for (const at::Tensor& t : targets_) {
-    const c10::Device device = device_for(graph_->values()[recorded(t)->value]);
+  for (size_t i = 0; i < targets_.size(); ++i) {
+    const RecordedValue& value = graph_->values()[target_values_[i]];
+    const c10::Device device = device_for(value);
     if (!checked_devices.insert(device.str()).second) {
       continue;
     }
@@ -151,8 +165,9 @@ void GraphReplay::validate() {
                                                    c10::DispatchKeySet(kDeferredInitKey));
       at::empty({0}, at::TensorOptions().device(device));
     } catch (const c10::Error& e) {
-      TORCH_CHECK(false, "torchdefer: cannot materialize ", describe(t), " on ", device, ": ",
-                  e.msg(),
+      TORCH_CHECK(false, "torchdefer: cannot materialize ",
+                  targets_[i].defined() ? describe(targets_[i]) : describe_value(value), " on ",
+                  device, ": ", e.msg(),
                   "\nChoose a device this process can use with MaterializeOptions().device(...).");
     }
   }
@@ -366,22 +381,25 @@ void GraphReplay::execute() {
     }
   }
   views_.reserve(targets_.size());
-  for (const at::Tensor& t : targets_) {
-    const int64_t storage = storage_of_value(recorded(t)->value);
-    const auto replayed = replayed_.find(storage);
+  for (size_t i = 0; i < targets_.size(); ++i) {
+    const RecordedValue& value = graph_->values()[target_values_[i]];
+    const auto replayed = replayed_.find(value.storage);
     const c10::Storage& real =
-        replayed != replayed_.end() ? replayed->second : available_.at(storage);
-    views_.push_back(view_of(real, t.sizes(), t.strides(), t.storage_offset(), t.scalar_type()));
+        replayed != replayed_.end() ? replayed->second : available_.at(value.storage);
+    const at::Tensor& t = targets_[i];
+    views_.push_back(
+        t.defined() ? view_of(real, t.sizes(), t.strides(), t.storage_offset(), t.scalar_type())
+                    : view_of(real, value.sizes, value.strides, value.storage_offset, value.dtype));
   }
 }
 
 void GraphReplay::commit() noexcept {
   for (size_t i = 0; i < targets_.size(); ++i) {
-    FakeTensorImpl* impl = fake_impl(targets_[i]);
+    FakeTensorImpl* impl = targets_[i].defined() ? fake_impl(targets_[i]) : nullptr;
     if (impl == nullptr) {
-      continue;  // listed twice (a tied weight), and already real
+      continue;  // a value computed for the caller, or listed twice (a tied weight), already real
     }
-    graph_->set_real(storage_of_value(recorded(targets_[i])->value), views_[i].storage());
+    graph_->set_real(storage_of_value(target_values_[i]), views_[i].storage());
     impl->shallow_copy_from(views_[i].getIntrusivePtr());
   }
 }

@@ -22,6 +22,8 @@ class GraphReplay {
   GraphReplay(std::shared_ptr<OpGraph> graph, const MaterializeOptions& options);
 
   void add_target(const at::Tensor& fake);
+  // A recorded value to compute but not commit (region replay's whole inputs); result() only.
+  void add_value(int64_t value);
   // Finds the storages to replay and the nodes that write them.
   void plan();
   // Raises, naming the op or tensor, for anything that would make execute() fail or lie.
@@ -47,7 +49,8 @@ class GraphReplay {
 
   std::shared_ptr<OpGraph> graph_;
   const MaterializeOptions& options_;
-  std::vector<at::Tensor> targets_;
+  std::vector<at::Tensor> targets_;            // undefined for add_value() targets
+  std::vector<int64_t> target_values_;         // per target, its recorded value
   std::vector<at::Tensor> views_;              // per target, the real view it becomes
   std::set<int64_t> to_replay_;                // storages this replay computes
   std::set<int64_t> nodes_;                    // their writers, in record order

@@ -41,8 +41,9 @@ struct TensorStats {
   std::string name;  // qualified name in the module
   std::vector<int64_t> global_sizes;
   std::optional<Box> box;      // the shard it holds; nullopt for the whole tensor
-  bool sliced = false;         // only its box was computed (Note [Region replay])
-  std::string fallback;        // else, the op that made it compute the whole tensor
+  bool sliced = false;         // its box was computed from regions (Note [Region replay])
+  std::string fallback;        // the op(s) that made the whole tensor, or an input, be computed
+                               // whole ("" when nothing was)
   int64_t bytes_computed = 0;  // bytes allocated to produce it
   int64_t bytes_kept = 0;      // bytes it holds now
 };
