@@ -66,6 +66,25 @@ std::optional<BoxView> box_view(const RecordedValue& view, const RecordedValue& 
   return box;
 }
 
+int64_t numel(const std::vector<int64_t>& sizes) {
+  int64_t n = 1;
+  for (const int64_t size : sizes) {
+    n *= size;
+  }
+  return n;
+}
+
+// Note [Whole reshapes]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A contiguous view with the same elements as its contiguous base, but another shape (FSDP2
+// keeps its padded shard as `padded.view(-1)`), is no box view: a box of it is not a box of the
+// base. Its whole box is the base's whole box, though, so materializing all of it works.
+bool reshapes_whole_base(const RecordedValue& view, const RecordedValue& base) {
+  return view.dtype == base.dtype && view.storage_offset == base.storage_offset &&
+         view.strides == contiguous_strides(view.sizes) &&
+         base.strides == contiguous_strides(base.sizes) && numel(view.sizes) == numel(base.sizes);
+}
+
 bool empty(const Box& box) {
   for (size_t d = 0; d < box.start.size(); ++d) {
     if (box.stop[d] <= box.start[d]) {
@@ -169,6 +188,14 @@ bool maps_regions_one_to_one(const RecordedNode& node) {
          name == "aten::clone" || name == "aten::contiguous";
 }
 
+// In-place writes where each element written depends on the same element of same-shaped
+// inputs (or on scalars): fill_ and zero_ (ones_ and zeros_ in nn.init) carry no pointwise tag.
+bool writes_elementwise(const RecordedNode& node) {
+  const std::string& name = node.op.schema().name();
+  return node.op.hasTag(at::Tag::pointwise) || name == "aten::copy_" || name == "aten::fill_" ||
+         name == "aten::zero_";
+}
+
 }  // namespace
 
 RegionReplay::RegionReplay(const OpGraph& graph, const MaterializeOptions& options)
@@ -207,6 +234,10 @@ std::optional<at::Tensor> RegionReplay::local(int64_t value_index, const Box& bo
     return std::nullopt;
   }
   const std::optional<BoxView> view = box_view(value, base);
+  if (!view && box == whole(value.sizes) && reshapes_whole_base(value, base)) {
+    std::optional<at::Tensor> base_local = storage_region(value.storage, whole(base.sizes));
+    return base_local ? std::optional<at::Tensor>(base_local->view(value.sizes)) : std::nullopt;
+  }
   if (!view) {
     fail("a view with geometry that is not a box of its base");
     return std::nullopt;
@@ -352,8 +383,7 @@ bool RegionReplay::apply_write(int64_t index, const RecordedValue& base, const B
     counter_fill(part, *params, seed_, node.draws->stream, {target.sizes, part_box.start});
     return true;
   }
-  const std::string& name = node.op.schema().name();
-  if (!node.op.hasTag(at::Tag::pointwise) && name != "aten::copy_") {
+  if (!writes_elementwise(node)) {
     return fail(op);
   }
   torch::jit::Stack stack;

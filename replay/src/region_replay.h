@@ -25,7 +25,8 @@ namespace torchdefer::detail {
 //    output shape, which the box view maps (Note [Counter RNG]);
 //  * pointwise ops (ATen's `pointwise` tag, casts, clone) map a region to the same region of
 //    inputs of the same shape; 0-dim inputs are taken whole;
-//  * copy_ maps its destination's region to the same region of its source.
+//  * copy_ maps its destination's region to the same region of its source; fill_ and zero_
+//    write any region alone.
 // Anything else (linalg_qr inside orthogonal_, reductions, matmul, randperm, broadcasting, views
 // with odd geometry, torch-mode random ops, which draw sequentially) makes the caller fall back:
 // materialize the tensor whole, then slice. That is always correct; why() names the op, for the
