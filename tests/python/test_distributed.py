@@ -5,6 +5,7 @@ fast) that meet through a FileStore; a failed assertion on any rank fails the te
 rank's traceback.
 """
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -71,7 +72,7 @@ def record(make, seed):
 # --- FSDP1 (FullyShardedDataParallel) through torchdefer.compat --------------------------------
 
 
-def fsdp1_worker(rank, world):
+def fsdp1_worker(rank, world, use_orig_params):
     torchdefer.compat.install()
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import _init_utils
@@ -92,7 +93,7 @@ def fsdp1_worker(rank, world):
         deferred,
         auto_wrap_policy=ModuleWrapPolicy({Block}),
         device_id=torch.device("cpu"),
-        use_orig_params=True,
+        use_orig_params=use_orig_params,
     )
     assert units == ["Block", "Block", "Block", "Tower"], units  # bottom-up, one call per unit
     tokens = torch.arange(8).remainder(41)
@@ -106,8 +107,9 @@ def fsdp1_worker(rank, world):
     assert torch.equal(model(tokens), eager(tokens))
 
 
-def test_fsdp1_materializes_a_deferred_model_unit_by_unit_with_eager_values(tmp_path):
-    run_ranks(tmp_path, 2, fsdp1_worker)
+@pytest.mark.parametrize("use_orig_params", [True, False])
+def test_fsdp1_materializes_a_deferred_model_unit_by_unit_with_eager_values(tmp_path, use_orig_params):
+    run_ranks(tmp_path, 2, fsdp1_worker, use_orig_params)
 
 
 # --- FSDP2 (fully_shard) ---------------------------------------------------------------------
