@@ -154,6 +154,8 @@ def fsdp2_worker(rank, world, rng):
             assert "normal_" in s["fallback"] or "uniform_" in s["fallback"], s
     assert rng == "counter" or not all(s["sliced"] for s in sharded)
 
+    assert torchdefer.distributed.materialize_fully_sharded(model) == []  # nothing left to do
+
     tokens = torch.arange(8).remainder(41)
     assert torch.equal(model(tokens), reference(tokens))
     model(tokens).square().mean().backward()
@@ -166,6 +168,11 @@ def test_fsdp2_materializes_only_local_shards_equal_to_the_full_counter_model(tm
 
 def test_fsdp2_in_torch_mode_gives_eager_values(tmp_path):
     run_ranks(tmp_path, 2, fsdp2_worker, "torch")
+
+
+def test_materialize_fully_sharded_names_bad_input():
+    with pytest.raises(TypeError, match="expects an nn.Module, got str"):
+        torchdefer.distributed.materialize_fully_sharded("model")
 
 
 # --- Shard(rank, W) on every rank, all-gathered (issue 4 §3) ----------------------------------
