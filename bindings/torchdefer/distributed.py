@@ -24,8 +24,9 @@ too, and the flat buffer is a recorded fake whose history reaches only this rank
 parameter. Materializing that buffer whole with region replay computes just that chunk (the
 rest of the buffer is the padding's zeros), the same as ``Shard(rank, world, padded=True)`` on the
 parameter. The DTensor's local tensor is then pointed at the real buffer as ``fully_shard``
-itself lays it out (FSDP2 builds that DTensor outside the recording, so it cannot be
-materialized on its own).
+itself lays it out. (That local tensor cannot be materialized on its own: ``nn.Parameter`` of a
+DTensor detaches it inside DTensor's ``__torch_dispatch__``, below the pre-autograd key that
+records, so it is an unrecorded fake.)
 """
 
 from __future__ import annotations
