@@ -14,6 +14,7 @@ import torchdefer.compat
 import torchdefer.distributed
 from torch.distributed.tensor import DTensor
 
+from test_hf_zoo import zoo  # imports transformers once, before the ranks fork
 from test_torchdefer import Gpt2Like, LlamaLike, bitwise_equal
 
 
@@ -168,6 +169,31 @@ def test_fsdp2_materializes_only_local_shards_equal_to_the_full_counter_model(tm
 
 def test_fsdp2_in_torch_mode_gives_eager_values(tmp_path):
     run_ranks(tmp_path, 2, fsdp2_worker, "torch")
+
+
+def hf_llama_fsdp2_worker(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    config, auto = zoo()["llama"]
+    reference = record(lambda: auto.from_config(config), 5)
+    torchdefer.materialize_module(reference, rng="counter")
+    model = record(lambda: auto.from_config(config), 5)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    stats = torchdefer.distributed.materialize_fully_sharded(model)
+    assert all(s["sliced"] for s in stats if s["box"] is not None)
+    expected = dict(reference.named_parameters())
+    for name, param in model.named_parameters():
+        assert bitwise_equal(param.full_tensor(), expected[name].detach()), name
+    tokens = torch.arange(10).view(1, 10)
+    assert torch.equal(model(tokens).logits, reference(tokens).logits)
+
+
+def test_fsdp2_on_hugging_face_llama(tmp_path):
+    run_ranks(tmp_path, 2, hf_llama_fsdp2_worker)
 
 
 def test_materialize_fully_sharded_names_bad_input():
