@@ -5,6 +5,9 @@ fast) that meet through a FileStore; a failed assertion on any rank fails the te
 rank's traceback.
 """
 
+import datetime
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -18,9 +21,14 @@ from test_hf_zoo import zoo  # imports transformers once, before the ranks fork
 from test_torchdefer import Gpt2Like, LlamaLike, bitwise_equal
 
 
+TIMEOUT = datetime.timedelta(seconds=120)  # a hung collective fails the test, never CI
+
+
 def _rank_main(rank, world, store, worker, args):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=TIMEOUT
+    )
     try:
         worker(rank, world, *args)
     finally:
@@ -28,12 +36,19 @@ def _rank_main(rank, world, store, worker, args):
 
 
 def run_ranks(tmp_path, world, worker, *args):
-    mp.start_processes(
+    ranks = mp.start_processes(
         _rank_main,
         args=(world, str(tmp_path / "store"), worker, args),
         nprocs=world,
+        join=False,
         start_method="fork",
     )
+    deadline = time.monotonic() + TIMEOUT.total_seconds()
+    while not ranks.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail(f"{world} ranks running {worker.__name__} did not finish in {TIMEOUT}")
 
 
 class Block(torch.nn.Module):
