@@ -186,29 +186,32 @@ def test_fsdp2_in_torch_mode_gives_eager_values(tmp_path):
     run_ranks(tmp_path, 2, fsdp2_worker, "torch")
 
 
-def hf_llama_fsdp2_worker(rank, world):
+def hf_fsdp2_worker(rank, world, name, blocks):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    config, auto = zoo()["llama"]
+    config, auto = zoo()[name]
     reference = record(lambda: auto.from_config(config), 5)
     torchdefer.materialize_module(reference, rng="counter")
     model = record(lambda: auto.from_config(config), 5)
     mesh = init_device_mesh("cpu", (world,))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
+    for block in model.get_submodule(blocks):
+        fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     stats = torchdefer.distributed.materialize_fully_sharded(model)
     assert all(s["sliced"] for s in stats if s["box"] is not None)
     expected = dict(reference.named_parameters())
-    for name, param in model.named_parameters():
-        assert bitwise_equal(param.full_tensor(), expected[name].detach()), name
+    for key, param in model.named_parameters():
+        assert bitwise_equal(param.full_tensor(), expected[key].detach()), key
+    if name == "gpt2-tied":
+        assert model.lm_head.weight is model.transformer.wte.weight
     tokens = torch.arange(10).view(1, 10)
-    assert torch.equal(model(tokens).logits, reference(tokens).logits)
+    assert torch.equal(model.eval()(tokens).logits, reference.eval()(tokens).logits)
 
 
-def test_fsdp2_on_hugging_face_llama(tmp_path):
-    run_ranks(tmp_path, 2, hf_llama_fsdp2_worker)
+@pytest.mark.parametrize("name, blocks", [("llama", "model.layers"), ("gpt2-tied", "transformer.h")])
+def test_fsdp2_on_hugging_face_models(tmp_path, name, blocks):
+    run_ranks(tmp_path, 2, hf_fsdp2_worker, name, blocks)
 
 
 def test_materialize_fully_sharded_names_bad_input():
