@@ -7,6 +7,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace py = pybind11;
@@ -47,8 +49,13 @@ class FakeModeContext {
   std::unique_ptr<FakeMode> mode_;
 };
 
+// Boxes by qualified name, as Python passes them: {name: (start, stop)}.
+using NamedBoxes =
+    std::unordered_map<std::string, std::pair<std::vector<int64_t>, std::vector<int64_t>>>;
+
 MaterializeOptions make_options(std::optional<c10::Device> device, std::optional<std::string> rng,
-                                std::optional<uint64_t> counter_seed, std::optional<Shard> shard) {
+                                std::optional<uint64_t> counter_seed, std::optional<Shard> shard,
+                                std::optional<NamedBoxes> regions) {
   MaterializeOptions options;
   if (device) {
     options.device(*device);
@@ -63,6 +70,13 @@ MaterializeOptions make_options(std::optional<c10::Device> device, std::optional
   }
   if (shard) {
     options.shard(*shard);
+  }
+  if (regions) {
+    options.region([boxes = std::move(*regions)](const std::string& name, c10::IntArrayRef) {
+      const auto it = boxes.find(name);
+      return it == boxes.end() ? std::nullopt
+                               : std::optional<Box>(Box{it->second.first, it->second.second});
+    });
   }
   return options;
 }
@@ -131,12 +145,14 @@ PYBIND11_MODULE(_C, m) {
       "materialize_named",
       [](const std::vector<std::tuple<std::string, at::Tensor, bool>>& entries,
          std::optional<c10::Device> device, std::optional<std::string> rng,
-         std::optional<uint64_t> counter_seed, std::optional<Shard> shard) {
+         std::optional<uint64_t> counter_seed, std::optional<Shard> shard,
+         std::optional<NamedBoxes> regions) {
         std::vector<NamedTensor> tensors;
         for (const auto& [name, tensor, parameter] : entries) {
           tensors.push_back({name, tensor, parameter});
         }
-        const MaterializeOptions options = make_options(device, rng, counter_seed, shard);
+        const MaterializeOptions options =
+            make_options(device, rng, counter_seed, shard, std::move(regions));
         MaterializeStats stats;
         {
           py::gil_scoped_release no_gil;
@@ -149,5 +165,6 @@ PYBIND11_MODULE(_C, m) {
         return result;
       },
       py::arg("entries"), py::arg("device") = py::none(), py::arg("rng") = py::none(),
-      py::arg("counter_seed") = py::none(), py::arg("shard") = py::none());
+      py::arg("counter_seed") = py::none(), py::arg("shard") = py::none(),
+      py::arg("regions") = py::none());
 }

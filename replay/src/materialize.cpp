@@ -83,7 +83,14 @@ std::optional<Box> box_of(const NamedTensor& entry, const MaterializeOptions& op
                   box->start[d], ", ", box->stop[d], "), outside the tensor ",
                   describe(entry.tensor), ". A region must lie within [0, size).");
     }
-    if (*box == whole(sizes)) {
+    // Note [A region may be the whole tensor]
+    // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    // A shard layout that gives a rank the whole tensor means "replicate": full replay, shared
+    // storages kept. A region function that names the whole box explicitly asks for region replay
+    // instead: the tensor may itself be a slice of a larger recorded one (FSDP2's padded shard
+    // buffer is new_zeros + copy_ of one chunk of the parameter), and only region replay computes
+    // it without computing the rest of that parameter.
+    if (!options.region() && *box == whole(sizes)) {
       box.reset();
     }
   }

@@ -67,6 +67,25 @@ std::optional<BoxView> box_view(const RecordedValue& view, const RecordedValue& 
   return box;
 }
 
+int64_t numel(const std::vector<int64_t>& sizes) {
+  int64_t n = 1;
+  for (const int64_t size : sizes) {
+    n *= size;
+  }
+  return n;
+}
+
+// Note [Whole reshapes]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A contiguous view with the same elements as its contiguous base, but another shape (FSDP2
+// keeps its padded shard as `padded.view(-1)`), is no box view: a box of it is not a box of the
+// base. Its whole box is the base's whole box, though, so materializing all of it works.
+bool reshapes_whole_base(const RecordedValue& view, const RecordedValue& base) {
+  return view.dtype == base.dtype && view.storage_offset == base.storage_offset &&
+         view.strides == contiguous_strides(view.sizes) &&
+         base.strides == contiguous_strides(base.sizes) && numel(view.sizes) == numel(base.sizes);
+}
+
 bool empty(const Box& box) {
   for (size_t d = 0; d < box.start.size(); ++d) {
     if (box.stop[d] <= box.start[d]) {
@@ -270,6 +289,10 @@ std::optional<at::Tensor> RegionReplay::local(int64_t value_index, const Box& bo
     return std::nullopt;
   }
   const std::optional<BoxView> view = box_view(value, base);
+  if (!view && box == whole(value.sizes) && reshapes_whole_base(value, base)) {
+    std::optional<at::Tensor> base_local = storage_region(value.storage, whole(base.sizes));
+    return base_local ? std::optional<at::Tensor>(base_local->view(value.sizes)) : std::nullopt;
+  }
   if (!view) {
     fail("a view with geometry that is not a box of its base");
     return std::nullopt;

@@ -319,6 +319,46 @@ TEST(ShardedMaterialization, TakesAGeneralRegionFunction) {
   EXPECT_TRUE(bitwise_equal(tiled->bias, full->bias));
 }
 
+TEST(ShardedMaterialization, SlicesOnesAndZerosWrittenInPlace) {
+  auto norm = deferred_init<nn::LayerNorm>(nn::LayerNormOptions({10}));  // fill_(1), zero_()
+  const MaterializeStats stats = materialize_module(*norm, MaterializeOptions().shard({1, 3}));
+  ASSERT_EQ(stats.tensors.size(), 2);
+  for (const TensorStats& t : stats.tensors) {
+    EXPECT_TRUE(t.sliced) << t.name << ": " << t.fallback;
+  }
+  EXPECT_TRUE(bitwise_equal(norm->weight, torch::ones({4})));
+  EXPECT_TRUE(bitwise_equal(norm->bias, torch::zeros({4})));
+}
+
+// FSDP2's fully_shard, run on a deferred module, records what it does to each parameter: a
+// zero padded buffer, one chunk copied in, kept flat. Materializing that flat buffer whole
+// through an explicit whole region computes only the chunk of the parameter
+// (Note [A region may be the whole tensor], Note [Whole reshapes]).
+TEST(ShardedMaterialization, AWholeRegionOfAChunkComputesOnlyTheChunk) {
+  auto build = [] {
+    torch::manual_seed(3);
+    return deferred_init<nn::Linear>(6, 10);
+  };
+  nn::Linear full = build();
+  materialize_module(*full, MaterializeOptions().rng(RngMode::kCounter));
+  nn::Linear model = build();
+  const at::Tensor chunk = model->weight.detach().chunk(3, 0)[2];  // rows 8 and 9 of 10
+  const at::Tensor padded = chunk.new_zeros({4, 6});
+  padded.narrow(0, 0, 2).copy_(chunk);
+  const at::Tensor flat = padded.view(-1);
+  const MaterializeStats stats = materialize_named_tensors(
+      {{"flat", flat, true}},
+      MaterializeOptions().region([](const std::string&, c10::IntArrayRef sizes) {
+        return std::optional<Box>(whole(sizes));
+      }));
+  ASSERT_EQ(stats.tensors.size(), 1);
+  EXPECT_TRUE(stats.tensors[0].sliced) << stats.tensors[0].fallback;
+  EXPECT_EQ(stats.tensors[0].bytes_computed, 2 * 6 * 4 + 4 * 6 * 4);  // the chunk, the buffer
+  EXPECT_TRUE(is_fake(model->weight));
+  EXPECT_TRUE(bitwise_equal(flat.view({4, 6}).narrow(0, 0, 2), full->weight.narrow(0, 8, 2)));
+  EXPECT_TRUE(torch::equal(flat.view({4, 6}).narrow(0, 2, 2), torch::zeros({2, 6})));
+}
+
 TEST(ShardedMaterializationErrors, ARegionOutsideTheTensorIsNamedAndNothingIsLost) {
   auto linear = deferred_init<nn::Linear>(4, 3);
   const std::string message = error_of([&] {

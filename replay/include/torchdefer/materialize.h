@@ -82,7 +82,8 @@ class MaterializeOptions {
     return *this;
   }
   // materialize_module only: a general layout (tensor parallel, 2-D); takes precedence over
-  // shard() and applies to buffers too.
+  // shard() and applies to buffers too. A box that is the whole tensor is still computed by
+  // region replay (Note [A region may be the whole tensor]); nullopt replicates.
   MaterializeOptions& region(RegionFn region) {
     region_ = std::move(region);
     return *this;
