@@ -9,6 +9,7 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <limits>
 #include <string_view>
 #include <utility>
 
@@ -274,7 +275,12 @@ at::Tensor RegionReplay::allocate(const Box& region, const RecordedValue& like) 
   return t;
 }
 
-std::optional<at::Tensor> RegionReplay::local(int64_t value_index, const Box& box) {
+std::optional<at::Tensor> RegionReplay::local(int64_t value, const Box& box) {
+  return local_before(value, box, std::numeric_limits<int64_t>::max());
+}
+
+std::optional<at::Tensor> RegionReplay::local_before(int64_t value_index, const Box& box,
+                                                     int64_t before) {
   const RecordedValue& value = graph_.values()[value_index];
   const RecordedStorage& storage = graph_.storages()[value.storage];
   if (storage.base_value < 0) {
@@ -290,7 +296,7 @@ std::optional<at::Tensor> RegionReplay::local(int64_t value_index, const Box& bo
   }
   const std::optional<BoxView> view = box_view(value, base);
   if (!view && box == whole(value.sizes) && reshapes_whole_base(value, base)) {
-    std::optional<at::Tensor> base_local = storage_region(value.storage, whole(base.sizes));
+    std::optional<at::Tensor> base_local = storage_region(value.storage, whole(base.sizes), before);
     return base_local ? std::optional<at::Tensor>(base_local->view(value.sizes)) : std::nullopt;
   }
   if (!view) {
@@ -298,21 +304,22 @@ std::optional<at::Tensor> RegionReplay::local(int64_t value_index, const Box& bo
     return std::nullopt;
   }
   const Box region = to_base(*view, box, base.sizes.size());
-  std::optional<at::Tensor> base_local = storage_region(value.storage, region);
+  std::optional<at::Tensor> base_local = storage_region(value.storage, region, before);
   if (!base_local) {
     return std::nullopt;
   }
   return view_part(*base_local, region, *view, box);
 }
 
-std::optional<at::Tensor> RegionReplay::storage_region(int64_t storage_index, const Box& region) {
+std::optional<at::Tensor> RegionReplay::storage_region(int64_t storage_index, const Box& region,
+                                                       int64_t before) {
   const RecordedStorage& storage = graph_.storages()[storage_index];
   const RecordedValue& base = graph_.values()[storage.base_value];
   std::optional<at::Tensor> result = created(storage.creator, base, region);
   if (!result) {
     return std::nullopt;
   }
-  for (size_t i = 1; i < storage.writers.size(); ++i) {
+  for (size_t i = 1; i < storage.writers.size() && storage.writers[i] < before; ++i) {
     if (!apply_write(storage.writers[i], base, region, *result)) {
       return std::nullopt;
     }
@@ -322,7 +329,7 @@ std::optional<at::Tensor> RegionReplay::storage_region(int64_t storage_index, co
 
 std::optional<at::Tensor> RegionReplay::input_region(const RecordedInput& input,
                                                      c10::IntArrayRef output_sizes,
-                                                     const Box& region) {
+                                                     const Box& region, int64_t reader) {
   switch (input.kind) {
     case RecordedInput::Kind::kUndefined:
       return at::Tensor();
@@ -333,7 +340,7 @@ std::optional<at::Tensor> RegionReplay::input_region(const RecordedInput& input,
         fail("an input that does not broadcast to the output");
         return std::nullopt;
       }
-      return local_or_whole(input.value, *box);
+      return local_or_whole(input.value, *box, reader);
     }
     case RecordedInput::Kind::kReal:
     case RecordedInput::Kind::kConstant: {
@@ -351,19 +358,20 @@ std::optional<at::Tensor> RegionReplay::input_region(const RecordedInput& input,
   return std::nullopt;
 }
 
-at::Tensor RegionReplay::local_or_whole(int64_t value, const Box& box) {
-  if (std::optional<at::Tensor> part = local(value, box)) {
+at::Tensor RegionReplay::local_or_whole(int64_t value, const Box& box, int64_t before) {
+  if (std::optional<at::Tensor> part = local_before(value, box, before)) {
     return *part;
   }
   if (std::find(whole_inputs_.begin(), whole_inputs_.end(), why_) == whole_inputs_.end()) {
     whole_inputs_.push_back(why_);
   }
-  return slice(compute_whole(value), box);
+  return slice(compute_whole(value, before), box);
 }
 
-at::Tensor RegionReplay::compute_whole(int64_t value) {
+at::Tensor RegionReplay::compute_whole(int64_t value, int64_t before) {
   GraphReplay replay(graph_ptr_, options_);
   replay.add_value(value);
+  replay.stop_before(before);
   replay.plan();
   replay.validate();
   replay.execute();
@@ -412,7 +420,8 @@ std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedVal
       continue;
     }
     stack.push_back(map_tensors(node.arguments[i], [&](const at::Tensor&) {
-      std::optional<at::Tensor> input = input_region(node.inputs[next_input++], base.sizes, region);
+      std::optional<at::Tensor> input =
+          input_region(node.inputs[next_input++], base.sizes, region, index);
       ok = ok && input.has_value();
       return input.value_or(at::Tensor());
     }));
@@ -464,7 +473,8 @@ bool RegionReplay::apply_write(int64_t index, const RecordedValue& base, const B
       if (position == 0) {
         return part;
       }
-      std::optional<at::Tensor> input = input_region(node.inputs[position], target.sizes, part_box);
+      std::optional<at::Tensor> input =
+          input_region(node.inputs[position], target.sizes, part_box, index);
       ok = ok && input.has_value();
       return input.value_or(at::Tensor());
     }));

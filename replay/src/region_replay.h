@@ -34,6 +34,15 @@ namespace torchdefer::detail {
 // whole_inputs() names the op for the per-parameter stats. When the requested value itself has
 // no rule, local() returns nullopt and why() names the op; the caller computes it whole and
 // slices. Either way the result has the bits of the full materialization.
+//
+// Note [Reading a value as it was]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A node reads its inputs as they were when it ran: `p[:, 1].copy_(p[:, 1] * 3)` reads p before
+// the copy_ writes it. The ordinary replay gets this for free by running nodes in record order;
+// region replay walks backwards, so every read carries the index of the node that reads, and a
+// storage's region is rebuilt from its creator and only the writes recorded before that index
+// (an input computed whole stops its replay there too). Without it, the copy_ above would ask for
+// p's region including the copy_ itself, forever.
 class RegionReplay {
  public:
   RegionReplay(std::shared_ptr<OpGraph> graph, const MaterializeOptions& options);
@@ -53,13 +62,16 @@ class RegionReplay {
   int64_t bytes_computed() const { return bytes_computed_; }
 
  private:
-  std::optional<at::Tensor> storage_region(int64_t storage, const Box& region);
+  // Note [Reading a value as it was]: `before` is the index of the node reading the value; only
+  // writes recorded before it count.
+  std::optional<at::Tensor> local_before(int64_t value, const Box& box, int64_t before);
+  std::optional<at::Tensor> storage_region(int64_t storage, const Box& region, int64_t before);
   std::optional<at::Tensor> created(int64_t node, const RecordedValue& base, const Box& region);
   bool apply_write(int64_t node, const RecordedValue& base, const Box& region, at::Tensor& local);
-  at::Tensor local_or_whole(int64_t value, const Box& box);
-  at::Tensor compute_whole(int64_t value);
+  at::Tensor local_or_whole(int64_t value, const Box& box, int64_t before);
+  at::Tensor compute_whole(int64_t value, int64_t before);
   std::optional<at::Tensor> input_region(const RecordedInput& input, c10::IntArrayRef output_sizes,
-                                         const Box& region);
+                                         const Box& region, int64_t reader);
   c10::Device device_of(const RecordedValue& value) const;
   at::Tensor allocate(const Box& region, const RecordedValue& like);
   bool fail(std::string why);

@@ -101,8 +101,9 @@ void GraphReplay::plan() {
   };
   for (const int64_t value : target_values_) {
     const int64_t storage = storage_of_value(value);
-    c10::intrusive_ptr<c10::StorageImpl> real = graph_->storages()[storage].real.lock();
-    if (real) {
+    const RecordedStorage& record = graph_->storages()[storage];
+    c10::intrusive_ptr<c10::StorageImpl> real = record.real.lock();
+    if (real && record.writers.back() < stop_before_) {
       available_.emplace(storage, c10::Storage(std::move(real)));
     } else {
       need(storage);
@@ -118,6 +119,9 @@ void GraphReplay::plan() {
                 " wrote into a fake that deferred_init did not create (made under a plain "
                 "FakeMode or by another deferred_init), so its data has no recorded origin.");
     for (const int64_t writer : record.writers) {
+      if (writer >= stop_before_) {
+        break;
+      }
       nodes_.insert(writer);
       for (const RecordedInput& input : graph_->nodes()[writer].inputs) {
         if (input.kind != RecordedInput::Kind::kValue) {

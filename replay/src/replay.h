@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
 
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -24,6 +25,9 @@ class GraphReplay {
   void add_target(const at::Tensor& fake);
   // A recorded value to compute but not commit (region replay's whole inputs); result() only.
   void add_value(int64_t value);
+  // Replays only nodes recorded before `node`: the targets as that node read them (Note [Reading a
+  // value as it was]). Call before plan().
+  void stop_before(int64_t node) { stop_before_ = node; }
   // Finds the storages to replay and the nodes that write them.
   void plan();
   // Raises, naming the op or tensor, for anything that would make execute() fail or lie.
@@ -56,7 +60,8 @@ class GraphReplay {
   std::set<int64_t> nodes_;                    // their writers, in record order
   std::map<int64_t, c10::Storage> available_;  // storages already real, read as they are
   std::map<int64_t, c10::Storage> replayed_;   // storages computed by this replay
-  int64_t rng_anchor_ = -1;                    // where the default generator stands
+  int64_t stop_before_ = std::numeric_limits<int64_t>::max();
+  int64_t rng_anchor_ = -1;  // where the default generator stands
   uint64_t rng_offset_ = 0;
 };
 
