@@ -1,6 +1,9 @@
 // Counter RNG (Note [Counter RNG]). Compiled with -ffp-contract=off (replay/CMakeLists.txt).
 #include <torchdefer/counter_rng.h>
 
+#include "counter_math_constants.h"
+#include "counter_rng_simd.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -14,6 +17,7 @@
 #include <immintrin.h>
 #endif
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -38,38 +42,10 @@ std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint
 }
 
 namespace counter_math {
+
+using namespace counter_math_constants;
+
 namespace {
-
-constexpr double kLn2Hi = 6.93147180369123816490e-01;  // ln 2 rounded to 32 significant bits
-constexpr double kLn2Lo = 1.90821492927058770002e-10;  // ln 2 − kLn2Hi
-constexpr double kInvLn2 = 1.44269504088896338700;
-constexpr double kHalfPi = 1.57079632679489661923;
-constexpr double kSqrt2 = 1.41421356237309504880;
-
-// 1/n! for n = 0..20, exact to double rounding.
-constexpr std::array<double, 21> kInverseFactorial = {
-    1.0,
-    1.0,
-    1.0 / 2.0,
-    1.0 / 6.0,
-    1.0 / 24.0,
-    1.0 / 120.0,
-    1.0 / 720.0,
-    1.0 / 5040.0,
-    1.0 / 40320.0,
-    1.0 / 362880.0,
-    1.0 / 3628800.0,
-    1.0 / 39916800.0,
-    1.0 / 479001600.0,
-    1.0 / 6227020800.0,
-    1.0 / 87178291200.0,
-    1.0 / 1307674368000.0,
-    1.0 / 20922789888000.0,
-    1.0 / 355687428096000.0,
-    1.0 / 6402373705728000.0,
-    1.0 / 121645100408832000.0,
-    1.0 / 2432902008176640000.0,
-};
 
 double from_bits(uint64_t bits) {
   double d;
@@ -180,7 +156,7 @@ void sincos_2pi(double t, double* sin, double* cos) {
 
 namespace {
 
-constexpr double kTwoPow32 = 4294967296.0;
+using counter_math_constants::kTwoPow32;
 
 // Bits per element of a draw: 32, or 64 for float64 uniform/normal and wide random ranges.
 bool uses_64_bits(const CounterDistributionParams& params, c10::ScalarType dtype) {
@@ -358,15 +334,25 @@ T element_value(const CounterDistributionParams& p, Blocks& blocks, uint64_t e, 
 }
 
 #if defined(__x86_64__)
-#define TORCHDEFER_HAS_AVX2_PATH 1
+#define TORCHDEFER_X86_KERNELS 1
 
-// Note [Vectorized uniform fill]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// float32 uniform is the bulk of every initialization (kaiming_uniform_, xavier_uniform_, the
-// uniform_ inside trunc_normal_), so it has an AVX2 path: eight Philox blocks at once (the 32x32
-// multiplies as even/odd _mm256_mul_epu32), then the same double arithmetic as the scalar path,
-// lane by lane, as separate multiplies and adds, and the same round-to-nearest-even conversion.
-// Its bits equal the scalar path's; tests compare the two against an independent reference.
+// Note [Vectorized counter fill]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Initialization is almost all uniform and normal draws, so those (and bernoulli and exponential)
+// have vector kernels for float32, float64, float16 and bfloat16 outputs. The scalar code above is
+// the definition; a kernel computes the same IEEE operations in the same order, lane by lane
+// (separate multiplies and adds, FP contraction off, the same log/sincos polynomials, correctly
+// rounded sqrt and conversions), so its bits equal the scalar path's. counter_rng_test.cpp checks
+// every kernel element by element against a reference written from Note [Counter RNG], across
+// region offsets that start and end mid-block and mid-group.
+//
+//  * AVX-512 (F, DQ, BW, VL; counter_rng_avx512.cpp, its own translation unit compiled for that
+//    instruction set): 16 Philox blocks per step, the counters laid out so that one in-lane 4x4
+//    transpose leaves the words in element order. Every kernel above.
+//  * AVX2 (target attribute, here): float32 uniform only, eight blocks per step, for CPUs without
+//    AVX-512.
+//  * Otherwise the scalar path. The choice is made at run time from cpuid, so the library runs on
+//    any x86-64 CPU.
 bool has_avx2() {
   static const bool available = __builtin_cpu_supports("avx2");
   return available;
@@ -453,6 +439,82 @@ __attribute__((target("avx2"))) void uniform_f32_avx2(float* out, uint64_t e, in
 }
 #endif
 
+template <typename T>
+constexpr std::optional<counter_simd::Dtype> simd_dtype() {
+  if constexpr (std::is_same_v<T, float>) {
+    return counter_simd::Dtype::kFloat;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return counter_simd::Dtype::kDouble;
+  } else if constexpr (std::is_same_v<T, c10::Half>) {
+    return counter_simd::Dtype::kHalf;
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return counter_simd::Dtype::kBFloat16;
+  }
+  return std::nullopt;
+}
+
+std::optional<counter_simd::Op> simd_op(CounterDistribution distribution) {
+  switch (distribution) {
+    case CounterDistribution::kUniform:
+      return counter_simd::Op::kUniform;
+    case CounterDistribution::kNormal:
+      return counter_simd::Op::kNormal;
+    case CounterDistribution::kBernoulli:
+      return counter_simd::Op::kBernoulli;
+    case CounterDistribution::kExponential:
+      return counter_simd::Op::kExponential;
+    default:
+      return std::nullopt;
+  }
+}
+
+// Fills a prefix of the `count` contiguous elements from element `e` with a vector kernel (Note
+// [Vectorized counter fill]), the elements before the first block boundary with the scalar path.
+// Returns how many it filled.
+template <typename T>
+int64_t vector_fill(T* out, uint64_t e, int64_t count, const CounterDistributionParams& params,
+                    uint64_t seed, uint64_t stream, Blocks& blocks, bool wide) {
+  constexpr std::optional<counter_simd::Dtype> dtype = simd_dtype<T>();
+  const std::optional<counter_simd::Op> op = simd_op(params.distribution);
+  if (!dtype || !op) {
+    return 0;
+  }
+#ifdef TORCHDEFER_X86_KERNELS
+  const bool avx512 = counter_simd::avx512_available();
+  const bool avx2 =
+      *dtype == counter_simd::Dtype::kFloat && *op == counter_simd::Op::kUniform && has_avx2();
+  if (!avx512 && !avx2) {
+    return 0;
+  }
+  const uint64_t per_block = wide ? 2 : 4;
+  int64_t j = 0;
+  for (; j < count && (e + j) % per_block != 0; ++j) {
+    out[j] = element_value<T>(params, blocks, e + j, wide);
+  }
+  if (avx512) {
+    counter_simd::Job job;
+    job.op = *op;
+    job.dtype = *dtype;
+    job.out = out + j;
+    job.first = e + j;
+    job.count = count - j;
+    job.a = params.a;
+    job.b = params.b;
+    job.seed = seed;
+    job.stream = stream;
+    return j + counter_simd::fill_avx512(job);
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    const int64_t groups = (count - j) / 32;
+    uniform_f32_avx2(out + j, e + j, groups, params, seed, stream);
+    return j + 32 * groups;
+  }
+  return j;
+#else
+  return 0;
+#endif
+}
+
 // Global row-major index of the first element of each row of `out` (its last dimension).
 struct RowIndex {
   std::vector<int64_t> global_strides;  // row-major strides of the global shape
@@ -491,21 +553,10 @@ void fill_typed(const at::Tensor& out, const CounterDistributionParams& params, 
         global += index.start[dims - 1] * last_global_stride;
       }
       int64_t j = first;
-#ifdef TORCHDEFER_HAS_AVX2_PATH
-      if constexpr (std::is_same_v<T, float>) {
-        if (params.distribution == CounterDistribution::kUniform && last_stride == 1 &&
-            has_avx2()) {
-          for (; j < last && (global + j) % 4 != 0; ++j) {
-            data[offset + j] =
-                element_value<T>(params, blocks, static_cast<uint64_t>(global + j), wide);
-          }
-          const int64_t groups = (last - j) / 32;
-          uniform_f32_avx2(data + offset + j, static_cast<uint64_t>(global + j), groups, params,
-                           seed, stream);
-          j += 32 * groups;
-        }
+      if (last_stride == 1) {
+        j += vector_fill(data + offset + j, static_cast<uint64_t>(global + j), last - j, params,
+                         seed, stream, blocks, wide);
       }
-#endif
       for (; j < last; ++j) {
         data[offset + j * last_stride] =
             element_value<T>(params, blocks, static_cast<uint64_t>(global + j), wide);
@@ -516,6 +567,21 @@ void fill_typed(const at::Tensor& out, const CounterDistributionParams& params, 
 }
 
 }  // namespace
+
+namespace counter_simd {
+
+bool avx512_available() {
+#ifdef TORCHDEFER_X86_KERNELS
+  static const bool available =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return available;
+#else
+  return false;
+#endif
+}
+
+}  // namespace counter_simd
 
 void counter_fill(const at::Tensor& out, const CounterDistributionParams& params, uint64_t seed,
                   uint64_t stream, CounterRegion region) {
