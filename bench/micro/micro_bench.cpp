@@ -5,12 +5,15 @@
 //       op: uniform, normal, bernoulli, random, exponential; dtype: f32, f64, f16, bf16;
 //       at_threads: ATen intra-op threads (at::set_num_threads; 1 and all cores). bytes_per_second
 //       is the output written.
+//   BM_CounterFillFresh/uniform/f32/at_threads:<n>  the same into a newly allocated 64 MiB
+//       tensor each iteration: the difference to BM_CounterFill is the page faults.
 //   BM_TorchFill/<op>/<dtype>/at_threads:<n>     PyTorch's own op on the same kind of buffer, in
 //       the same run: uniform_ and normal_ (its CPU generator), fill_ (the memory-bandwidth bound).
 //   BM_Record/<mode>/<model>                     constructing <model> (linear-4096: one
 //       torch::nn::Linear(4096, 4096); llama-125m, llama3-8b: bench/models/llama.h) with
-//       mode deferred_init (recorded) or fake_meta (a FakeMode on the meta device: fakes, nothing
-//       recorded — what meta-device construction costs). Counters: ops and params (per model),
+//       mode deferred_init (recorded) or fake_mode (under a torchdefer::FakeMode: fakes, nothing
+//       recorded — the C++ frontend has no meta-device context, and this is its equivalent: no
+//       storage, no initialization). Counters: ops and params (per model),
 //       s_per_op and s_per_param (time divided by them; the same op count for both modes, so the
 //       two modes compare per op). Destroying the model is not timed.
 //   BM_ShardReplay/world:<W>                     materialize_module of one recorded
@@ -108,6 +111,28 @@ void register_counter_fill() {
   }
 }
 
+void register_fresh_fill() {
+  for (const int threads : thread_counts()) {
+    const std::string name =
+        "BM_CounterFillFresh/uniform/f32/at_threads:" + std::to_string(threads);
+    benchmark::RegisterBenchmark(
+        name.c_str(),
+        [threads](benchmark::State& state) {
+          at::set_num_threads(threads);
+          const CounterDistributionParams uniform{CounterDistribution::kUniform, -0.1, 0.1};
+          for (auto _ : state) {
+            at::Tensor buffer = torch::empty({kFillBytes / 4});
+            torchdefer::counter_fill(buffer, uniform, 42, 7);
+            benchmark::DoNotOptimize(buffer.data_ptr());
+          }
+          state.SetBytesProcessed(state.iterations() * kFillBytes);
+          state.counters["at_threads"] = threads;
+        })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
 void register_torch_fill() {
   const std::vector<std::pair<const char*, std::function<void(at::Tensor&)>>> ops = {
       {"uniform_", [](at::Tensor& t) { t.uniform_(-0.1, 0.1); }},
@@ -163,7 +188,7 @@ void register_record() {
   for (const ModelSpec& model : record_models()) {
     for (const bool deferred : {true, false}) {
       const std::string name =
-          std::string("BM_Record/") + (deferred ? "deferred_init/" : "fake_meta/") + model.name;
+          std::string("BM_Record/") + (deferred ? "deferred_init/" : "fake_mode/") + model.name;
       benchmark::RegisterBenchmark(
           name.c_str(),
           [&model, deferred](benchmark::State& state) {
@@ -174,7 +199,7 @@ void register_record() {
               if (deferred) {
                 module = torchdefer::deferred_init(model.build);
               } else {
-                torchdefer::FakeMode fake(c10::Device(at::kMeta));
+                torchdefer::FakeMode fake;
                 module = model.build();
               }
               benchmark::DoNotOptimize(module.get());
@@ -228,6 +253,7 @@ void register_shard_replay() {
 
 int main(int argc, char** argv) {
   register_counter_fill();
+  register_fresh_fill();
   register_torch_fill();
   register_record();
   register_shard_replay();

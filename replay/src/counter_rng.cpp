@@ -347,7 +347,7 @@ T element_value(const CounterDistributionParams& p, Blocks& blocks, uint64_t e, 
 // region offsets that start and end mid-block and mid-group.
 //
 //  * AVX-512 (F, DQ, BW, VL; counter_rng_avx512.cpp, its own translation unit compiled for that
-//    instruction set): 16 Philox blocks per step, the counters laid out so that one in-lane 4x4
+//    instruction set): 64 Philox blocks per step, the counters laid out so that one in-lane 4x4
 //    transpose leaves the words in element order. Every kernel above.
 //  * AVX2 (target attribute, here): float32 uniform only, eight blocks per step, for CPUs without
 //    AVX-512.

@@ -31,7 +31,7 @@ struct Job {
 // Whether the CPU and the OS support the AVX-512 kernels (F, DQ, BW and VL).
 bool avx512_available();
 
-// Fills the longest prefix of `job` made of whole groups of 16 Philox blocks and returns its
+// Fills the longest prefix of `job` made of whole groups of 64 Philox blocks and returns its
 // length in elements; the caller fills the rest. Only where avx512_available().
 int64_t fill_avx512(const Job& job);
 

@@ -205,14 +205,18 @@ void expect_every_path_matches_reference() {
       {Distribution::kUniform, -inf, inf},  // NaN everywhere: checks NaN's bits in each dtype
       {Distribution::kNormal, 0.5, 2.0},   {Distribution::kBernoulli, 0.3},
       {Distribution::kExponential, 1.5}};
-  // Starts and lengths that begin and end mid-block and mid-group (a vector group is up to 64
-  // elements), and block counters whose low word wraps around inside a group.
-  const std::vector<int64_t> starts = {
-      0, 1, 2, 3, 5, 31, 33, 63, 65, 127, (int64_t{1} << 33) - 37, (int64_t{1} << 34) - 37};
+  // Starts and lengths that begin and end mid-block and mid-group (a vector group is up to 256
+  // elements, in four sets of 16 blocks), and block counters whose low word wraps around inside
+  // each set of a group (32- and 64-bit draws).
+  std::vector<int64_t> starts = {0, 1, 2, 3, 5, 31, 33, 63, 65, 127, 129, 255, 257};
+  for (const int64_t blocks_before_wrap : {9, 20, 40, 60}) {
+    starts.push_back((int64_t{1} << 33) - 2 * blocks_before_wrap - 1);
+    starts.push_back((int64_t{1} << 34) - 4 * blocks_before_wrap - 1);
+  }
+  const std::vector<int64_t> lengths = {1, 7, 64, 130, 300, 1000};
   for (const CounterDistributionParams& p : distributions) {
     for (const int64_t start : starts) {
-      for (const int64_t length :
-           {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{200}, int64_t{1000}}) {
+      for (const int64_t length : lengths) {
         expect_region_matches_reference<T>(p, {start + length + 3}, {start}, {length});
       }
     }
