@@ -16,10 +16,11 @@
 //       storage, no initialization). Counters: ops and params (per model),
 //       s_per_op and s_per_param (time divided by them; the same op count for both modes, so the
 //       two modes compare per op). Destroying the model is not timed.
-//   BM_ShardReplay/world:<W>                     materialize_module of one recorded
+//   BM_ShardReplay/world:<W>/at_threads:<n>      materialize_module of one recorded
 //       torch::nn::Linear(8192, 8192) (256 MiB of float32, kaiming_uniform_) as the shard of rank
-//       0 of W (Shard{0, W}, counter RNG, all threads); bytes_per_second is the shard's bytes, so
-//       time should fall ~1/W. Recording is not timed.
+//       0 of W (Shard{0, W}, counter RNG), W = 1, 2, 4, ..., 64; bytes_per_second is the shard's
+//       bytes (new memory: page faults included), so time should fall ~1/W. Recording is not
+//       timed.
 //
 // Every benchmark reports wall time (UseRealTime), since the work runs on ATen's thread pool.
 #include <benchmark/benchmark.h>
@@ -223,29 +224,33 @@ void register_record() {
 
 void register_shard_replay() {
   for (int64_t world = 1; world <= 64; world *= 2) {
-    const std::string name = "BM_ShardReplay/world:" + std::to_string(world);
-    benchmark::RegisterBenchmark(
-        name.c_str(),
-        [world](benchmark::State& state) {
-          at::set_num_threads(thread_counts().back());
-          int64_t bytes = 0;
-          for (auto _ : state) {
-            state.PauseTiming();
-            auto linear = torchdefer::deferred_init<torch::nn::Linear>(
-                torch::nn::LinearOptions(8192, 8192).bias(false));
-            state.ResumeTiming();
-            torchdefer::materialize_module(
-                *linear, torchdefer::MaterializeOptions().shard(torchdefer::Shard{0, world}));
-            bytes += static_cast<int64_t>(linear->weight.nbytes());
-            state.PauseTiming();
-            linear = nullptr;
-            state.ResumeTiming();
-          }
-          state.SetBytesProcessed(bytes);
-          state.counters["world"] = static_cast<double>(world);
-        })
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond);
+    for (const int threads : thread_counts()) {
+      const std::string name = "BM_ShardReplay/world:" + std::to_string(world) +
+                               "/at_threads:" + std::to_string(threads);
+      benchmark::RegisterBenchmark(
+          name.c_str(),
+          [world, threads](benchmark::State& state) {
+            at::set_num_threads(threads);
+            int64_t bytes = 0;
+            for (auto _ : state) {
+              state.PauseTiming();
+              auto linear = torchdefer::deferred_init<torch::nn::Linear>(
+                  torch::nn::LinearOptions(8192, 8192).bias(false));
+              state.ResumeTiming();
+              torchdefer::materialize_module(
+                  *linear, torchdefer::MaterializeOptions().shard(torchdefer::Shard{0, world}));
+              bytes += static_cast<int64_t>(linear->weight.nbytes());
+              state.PauseTiming();
+              linear = nullptr;
+              state.ResumeTiming();
+            }
+            state.SetBytesProcessed(bytes);
+            state.counters["world"] = static_cast<double>(world);
+            state.counters["at_threads"] = threads;
+          })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
   }
 }
 
