@@ -88,69 +88,95 @@ void words_to_double(__m512i words, __m512d* lo, __m512d* hi) {
   *hi = _mm512_cvtepu32_pd(_mm512_extracti64x4_epi64(words, 1));
 }
 
+// The math below works on N independent vectors at once, step by step: each alone is a long
+// chain of dependent multiplies and adds (polynomials in Horner form), and interleaving two keeps
+// the floating-point units busy.
+
 // counter_math::log, lane by lane.
-__m512d log8(__m512d x) {
-  const __m512i bits = _mm512_castpd_si512(x);
-  __m512i k =
-      _mm512_sub_epi64(_mm512_and_si512(_mm512_srli_epi64(bits, 52), _mm512_set1_epi64(0x7ff)),
-                       _mm512_set1_epi64(1023));
-  __m512d m = _mm512_castsi512_pd(
-      _mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi64(0x000fffffffffffffll)),
-                      _mm512_set1_epi64(0x3ff0000000000000ll)));
-  const __mmask8 above = _mm512_cmp_pd_mask(m, _mm512_set1_pd(kSqrt2), _CMP_GT_OQ);
-  m = _mm512_mask_mul_pd(m, above, m, _mm512_set1_pd(0.5));
-  k = _mm512_mask_add_epi64(k, above, k, _mm512_set1_epi64(1));
-  const __m512d s = (m - 1.0) / (m + 1.0);
-  const __m512d s2 = s * s;
-  __m512d p = _mm512_set1_pd(1.0 / 25.0);
-  for (int n = 23; n >= 1; n -= 2) {
-    p = 1.0 / n + s2 * p;
+template <int N>
+void log_n(const __m512d (&x)[N], __m512d (&out)[N]) {
+  __m512d s[N], s2[N], p[N], kd[N];
+  for (int i = 0; i < N; ++i) {
+    const __m512i bits = _mm512_castpd_si512(x[i]);
+    __m512i k =
+        _mm512_sub_epi64(_mm512_and_si512(_mm512_srli_epi64(bits, 52), _mm512_set1_epi64(0x7ff)),
+                         _mm512_set1_epi64(1023));
+    __m512d m = _mm512_castsi512_pd(
+        _mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi64(0x000fffffffffffffll)),
+                        _mm512_set1_epi64(0x3ff0000000000000ll)));
+    const __mmask8 above = _mm512_cmp_pd_mask(m, _mm512_set1_pd(kSqrt2), _CMP_GT_OQ);
+    m = _mm512_mask_mul_pd(m, above, m, _mm512_set1_pd(0.5));
+    k = _mm512_mask_add_epi64(k, above, k, _mm512_set1_epi64(1));
+    s[i] = (m - 1.0) / (m + 1.0);
+    s2[i] = s[i] * s[i];
+    p[i] = _mm512_set1_pd(1.0 / 25.0);
+    kd[i] = _mm512_cvtepi64_pd(k);
   }
-  const __m512d kd = _mm512_cvtepi64_pd(k);
-  return kd * kLn2Hi + (kd * kLn2Lo + 2.0 * s * p);
+  for (int n = 23; n >= 1; n -= 2) {
+    for (int i = 0; i < N; ++i) {
+      p[i] = 1.0 / n + s2[i] * p[i];
+    }
+  }
+  for (int i = 0; i < N; ++i) {
+    out[i] = kd[i] * kLn2Hi + (kd[i] * kLn2Lo + 2.0 * s[i] * p[i]);
+  }
 }
 
 // counter_math::sincos_2pi for t >= 0, lane by lane.
-void sincos_2pi8(__m512d t, __m512d* sin, __m512d* cos) {
-  const __m512d whole = _mm512_cvtepi64_pd(_mm512_cvttpd_epi64(t));
-  const __m512d y = 4.0 * (t - whole);
-  const __m512i q = _mm512_cvttpd_epi64(y);
-  const __m512d f = y - _mm512_cvtepi64_pd(q);
-  const __mmask8 low = _mm512_cmp_pd_mask(f, _mm512_set1_pd(0.5), _CMP_LE_OQ);
-  const __m512d x = _mm512_mask_blend_pd(low, (1.0 - f) * kHalfPi, f * kHalfPi);
+template <int N>
+void sincos_2pi_n(const __m512d (&t)[N], __m512d (&sin)[N], __m512d (&cos)[N]) {
+  __m512i q[N];
+  __mmask8 low[N];
+  __m512d x[N], x2[N], ps[N], pc[N];
+  for (int i = 0; i < N; ++i) {
+    const __m512d whole = _mm512_cvtepi64_pd(_mm512_cvttpd_epi64(t[i]));
+    const __m512d y = 4.0 * (t[i] - whole);
+    q[i] = _mm512_cvttpd_epi64(y);
+    const __m512d f = y - _mm512_cvtepi64_pd(q[i]);
+    low[i] = _mm512_cmp_pd_mask(f, _mm512_set1_pd(0.5), _CMP_LE_OQ);
+    x[i] = _mm512_mask_blend_pd(low[i], (1.0 - f) * kHalfPi, f * kHalfPi);
+    x2[i] = x[i] * x[i];
+    ps[i] = _mm512_set1_pd(kInverseFactorial[19]);
+    pc[i] = _mm512_set1_pd(kInverseFactorial[20]);
+  }
   // sincos_quarter(x): its sine and cosine trade places where f > 1/2.
-  const __m512d x2 = x * x;
-  __m512d ps = _mm512_set1_pd(kInverseFactorial[19]);
   for (int n = 17; n >= 1; n -= 2) {
-    ps = kInverseFactorial[n] - x2 * ps;
+    for (int i = 0; i < N; ++i) {
+      ps[i] = kInverseFactorial[n] - x2[i] * ps[i];
+      pc[i] = kInverseFactorial[n + 1] - x2[i] * pc[i];
+    }
   }
-  __m512d pc = _mm512_set1_pd(kInverseFactorial[20]);
-  for (int n = 18; n >= 0; n -= 2) {
-    pc = kInverseFactorial[n] - x2 * pc;
+  for (int i = 0; i < N; ++i) {
+    pc[i] = kInverseFactorial[0] - x2[i] * pc[i];
+    const __m512d xs = x[i] * ps[i];
+    const __m512d s = _mm512_mask_blend_pd(low[i], pc[i], xs);
+    const __m512d c = _mm512_mask_blend_pd(low[i], xs, pc[i]);
+    // Quadrant q: sin, cos = (s, c), (c, −s), (−s, −c), (−c, s).
+    const __m512i one = _mm512_set1_epi64(1);
+    const __mmask8 odd = _mm512_test_epi64_mask(q[i], one);
+    const __mmask8 sin_negative = _mm512_test_epi64_mask(q[i], _mm512_set1_epi64(2));
+    const __mmask8 cos_negative =
+        _mm512_test_epi64_mask(_mm512_xor_si512(q[i], _mm512_srli_epi64(q[i], 1)), one);
+    const __m512d sign = _mm512_set1_pd(-0.0);
+    const __m512d sin_value = _mm512_mask_blend_pd(odd, s, c);
+    const __m512d cos_value = _mm512_mask_blend_pd(odd, c, s);
+    sin[i] = _mm512_mask_xor_pd(sin_value, sin_negative, sin_value, sign);
+    cos[i] = _mm512_mask_xor_pd(cos_value, cos_negative, cos_value, sign);
   }
-  const __m512d xs = x * ps;
-  const __m512d s = _mm512_mask_blend_pd(low, pc, xs);
-  const __m512d c = _mm512_mask_blend_pd(low, xs, pc);
-  // Quadrant q: sin, cos = (s, c), (c, −s), (−s, −c), (−c, s).
-  const __m512i one = _mm512_set1_epi64(1);
-  const __mmask8 odd = _mm512_test_epi64_mask(q, one);
-  const __mmask8 sin_negative = _mm512_test_epi64_mask(q, _mm512_set1_epi64(2));
-  const __mmask8 cos_negative =
-      _mm512_test_epi64_mask(_mm512_xor_si512(q, _mm512_srli_epi64(q, 1)), one);
-  const __m512d sign = _mm512_set1_pd(-0.0);
-  const __m512d sin_value = _mm512_mask_blend_pd(odd, s, c);
-  const __m512d cos_value = _mm512_mask_blend_pd(odd, c, s);
-  *sin = _mm512_mask_xor_pd(sin_value, sin_negative, sin_value, sign);
-  *cos = _mm512_mask_xor_pd(cos_value, cos_negative, cos_value, sign);
 }
 
 // Box–Muller: standard normals r·cos 2πu2 and r·sin 2πu2.
-void box_muller8(__m512d u1, __m512d u2, __m512d* cos_value, __m512d* sin_value) {
-  const __m512d r = _mm512_sqrt_pd(-2.0 * log8(u1));
-  __m512d s, c;
-  sincos_2pi8(u2, &s, &c);
-  *cos_value = r * c;
-  *sin_value = r * s;
+template <int N>
+void box_muller_n(const __m512d (&u1)[N], const __m512d (&u2)[N], __m512d (&cos_value)[N],
+                  __m512d (&sin_value)[N]) {
+  __m512d log_u1[N], s[N], c[N];
+  log_n<N>(u1, log_u1);
+  sincos_2pi_n<N>(u2, s, c);
+  for (int i = 0; i < N; ++i) {
+    const __m512d r = _mm512_sqrt_pd(-2.0 * log_u1[i]);
+    cos_value[i] = r * c[i];
+    sin_value[i] = r * s[i];
+  }
 }
 
 // float32 to float16 bits, to nearest even; NaN becomes the sign and 0x7E00, as c10::Half does.
@@ -254,6 +280,24 @@ void interleave(__m512d c, __m512d s, __m512d* lo, __m512d* hi) {
 template <Dtype D>
 void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVectors],
                   const Wrap& wrap) {
+  if (job.op == Op::kNormal) {
+    // Each 64-bit lane is one pair: u1 from its low word, u2 from its high word.
+    for (int v = 0; v < kGroupVectors; v += 2) {
+      __m512d u1[2], u2[2], c[2], s[2];
+      for (int i = 0; i < 2; ++i) {
+        const __m512i w = words[v + i];
+        u1[i] = (_mm512_cvtepu32_pd(_mm512_cvtepi64_epi32(w)) + 1.0) / kTwoPow32;
+        u2[i] = _mm512_cvtepu32_pd(_mm512_cvtepi64_epi32(_mm512_srli_epi64(w, 32))) / kTwoPow32;
+      }
+      box_muller_n<2>(u1, u2, c, s);
+      for (int i = 0; i < 2; ++i) {
+        __m512d lo, hi;
+        interleave(job.a + job.b * c[i], job.a + job.b * s[i], &lo, &hi);
+        store16<D>(job.out, index + 16 * (v + i), lo, hi, wrap);
+      }
+    }
+    return;
+  }
   for (int v = 0; v < kGroupVectors; ++v) {
     __m512d lo, hi;
     switch (job.op) {
@@ -263,16 +307,6 @@ void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVecto
         const double range = job.b - job.a;
         lo = job.a + range * (lo * 0x1p-24);
         hi = job.a + range * (hi * 0x1p-24);
-        break;
-      }
-      case Op::kNormal: {
-        // Each 64-bit lane is one pair: u1 from its low word, u2 from its high word.
-        const __m512d w0 = _mm512_cvtepu32_pd(_mm512_cvtepi64_epi32(words[v]));
-        const __m512d w1 =
-            _mm512_cvtepu32_pd(_mm512_cvtepi64_epi32(_mm512_srli_epi64(words[v], 32)));
-        __m512d c, s;
-        box_muller8((w0 + 1.0) / kTwoPow32, w1 / kTwoPow32, &c, &s);
-        interleave(job.a + job.b * c, job.a + job.b * s, &lo, &hi);
         break;
       }
       case Op::kBernoulli: {
@@ -286,10 +320,15 @@ void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVecto
       }
       case Op::kExponential: {
         words_to_double(words[v], &lo, &hi);
-        lo = -log8((lo + 1.0) / kTwoPow32) / job.a;
-        hi = -log8((hi + 1.0) / kTwoPow32) / job.a;
+        const __m512d u[2] = {(lo + 1.0) / kTwoPow32, (hi + 1.0) / kTwoPow32};
+        __m512d log_u[2];
+        log_n<2>(u, log_u);
+        lo = -log_u[0] / job.a;
+        hi = -log_u[1] / job.a;
         break;
       }
+      case Op::kNormal:
+        break;
     }
     store16<D>(job.out, index + 16 * v, lo, hi, wrap);
   }
@@ -306,26 +345,39 @@ void wide_group(const Job& job, int64_t index, const __m512i words[kGroupVectors
     // A pair per block: u1 from the block's first 64-bit word, u2 from its second.
     const __m512i first = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
     const __m512i second = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+    for (int v = 0; v < kGroupVectors; v += 4) {
+      __m512d u1[2], u2[2], c[2], s[2];
+      for (int i = 0; i < 2; ++i) {
+        const __m512i a = words[v + 2 * i];
+        const __m512i b = words[v + 2 * i + 1];
+        u1[i] = (top53(_mm512_permutex2var_epi64(a, first, b)) + 1.0) * 0x1p-53;
+        u2[i] = top53(_mm512_permutex2var_epi64(a, second, b)) * 0x1p-53;
+      }
+      box_muller_n<2>(u1, u2, c, s);
+      for (int i = 0; i < 2; ++i) {
+        __m512d lo, hi;
+        interleave(job.a + job.b * c[i], job.a + job.b * s[i], &lo, &hi);
+        _mm512_storeu_pd(out + 8 * (v + 2 * i), lo);
+        _mm512_storeu_pd(out + 8 * (v + 2 * i) + 8, hi);
+      }
+    }
+    return;
+  }
+  if (job.op == Op::kExponential) {
     for (int v = 0; v < kGroupVectors; v += 2) {
-      const __m512i x0 = _mm512_permutex2var_epi64(words[v], first, words[v + 1]);
-      const __m512i x1 = _mm512_permutex2var_epi64(words[v], second, words[v + 1]);
-      __m512d c, s, lo, hi;
-      box_muller8((top53(x0) + 1.0) * 0x1p-53, top53(x1) * 0x1p-53, &c, &s);
-      interleave(job.a + job.b * c, job.a + job.b * s, &lo, &hi);
-      _mm512_storeu_pd(out + 8 * v, lo);
-      _mm512_storeu_pd(out + 8 * v + 8, hi);
+      const __m512d u[2] = {(top53(words[v]) + 1.0) * 0x1p-53,
+                            (top53(words[v + 1]) + 1.0) * 0x1p-53};
+      __m512d log_u[2];
+      log_n<2>(u, log_u);
+      _mm512_storeu_pd(out + 8 * v, -log_u[0] / job.a);
+      _mm512_storeu_pd(out + 8 * v + 8, -log_u[1] / job.a);
     }
     return;
   }
   for (int v = 0; v < kGroupVectors; ++v) {
-    __m512d value;
-    if (job.op == Op::kUniform) {
-      value = job.a + (job.b - job.a) * (top53(words[v]) * 0x1p-53);
-      const __mmask8 wrapped = _mm512_cmp_pd_mask(value, _mm512_set1_pd(wrap.to), _CMP_EQ_OQ);
-      value = _mm512_mask_blend_pd(wrapped, value, _mm512_set1_pd(wrap.from));
-    } else {
-      value = -log8((top53(words[v]) + 1.0) * 0x1p-53) / job.a;
-    }
+    __m512d value = job.a + (job.b - job.a) * (top53(words[v]) * 0x1p-53);
+    const __mmask8 wrapped = _mm512_cmp_pd_mask(value, _mm512_set1_pd(wrap.to), _CMP_EQ_OQ);
+    value = _mm512_mask_blend_pd(wrapped, value, _mm512_set1_pd(wrap.from));
     _mm512_storeu_pd(out + 8 * v, value);
   }
 }
