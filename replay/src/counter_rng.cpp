@@ -14,10 +14,6 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 #include <limits>
 #include <optional>
 #include <string>
@@ -353,8 +349,8 @@ T element_value(const CounterDistributionParams& p, Blocks& blocks, uint64_t e, 
 //    instruction set): every kernel above. Philox runs four independent sets of 16 blocks at once
 //    (one set alone is a latency-bound chain of multiplies), the counters laid out so that one
 //    in-lane 4x4 transpose leaves the words in element order.
-//  * AVX2 (target attribute, here): float32 uniform only, the same scheme with four sets of
-//    eight blocks, for CPUs without AVX-512.
+//  * AVX2 (counter_rng_avx2.cpp, likewise): float32 uniform and normal, the same scheme with four
+//    sets of eight blocks, for CPUs without AVX-512.
 //  * Otherwise the scalar path. The choice is made at run time from cpuid, so the library runs on
 //    any x86-64 CPU. TORCHDEFER_CPU_CAPABILITY=scalar|avx2|avx512 caps it (as ATEN_CPU_CAPABILITY
 //    does ATen's kernels), so that tests and benchmarks run every path on one machine.
@@ -362,7 +358,7 @@ enum class Isa { kScalar, kAvx2, kAvx512 };
 
 Isa detect_isa() {
   Isa isa = Isa::kScalar;
-  if (__builtin_cpu_supports("avx2")) {
+  if (counter_simd::avx2_available()) {
     isa = Isa::kAvx2;
   }
   if (counter_simd::avx512_available()) {
@@ -387,94 +383,6 @@ Isa counter_isa() {
   return isa;
 }
 
-constexpr int kAvx2Sets = 4;  // of eight blocks: 32 blocks, 128 float32 elements per group
-
-// Philox4x32-10 on blocks base_block + 0 .. 31. In each set of eight, lane 4j + l of the counter
-// holds block 2l + j of the set, so that the 4x4 transpose inside each 128-bit lane leaves
-// out[4 * set + l] = the words of the set's blocks 2l and 2l + 1: eight consecutive elements.
-__attribute__((target("avx2"))) void philox_avx2(uint64_t base_block, uint64_t stream,
-                                                 uint64_t seed, __m256i out[4 * kAvx2Sets]) {
-  const __m256i offsets = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
-  __m256i c[kAvx2Sets][4];
-  for (int set = 0; set < kAvx2Sets; ++set) {
-    const uint64_t base = base_block + 8 * set;
-    c[set][0] = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)), offsets);
-    // The low word wrapped where it ended below its offset (unsigned compare via the sign bit);
-    // the mask is -1 there, so subtracting it carries one into the high word.
-    const __m256i carry =
-        _mm256_cmpgt_epi32(_mm256_xor_si256(offsets, sign), _mm256_xor_si256(c[set][0], sign));
-    c[set][1] = _mm256_sub_epi32(_mm256_set1_epi32(static_cast<int>(base >> 32)), carry);
-    c[set][2] = _mm256_set1_epi32(static_cast<int>(stream));
-    c[set][3] = _mm256_set1_epi32(static_cast<int>(stream >> 32));
-  }
-  __m256i k0 = _mm256_set1_epi32(static_cast<int>(seed));
-  __m256i k1 = _mm256_set1_epi32(static_cast<int>(seed >> 32));
-  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
-  const __m256i w0 = _mm256_set1_epi32(static_cast<int>(0x9E3779B9u));
-  const __m256i w1 = _mm256_set1_epi32(static_cast<int>(0xBB67AE85u));
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      k0 = _mm256_add_epi32(k0, w0);
-      k1 = _mm256_add_epi32(k1, w1);
-    }
-    for (int set = 0; set < kAvx2Sets; ++set) {
-      __m256i* x = c[set];
-      const __m256i p0_even = _mm256_mul_epu32(x[0], m0);
-      const __m256i p0_odd = _mm256_mul_epu32(_mm256_srli_epi64(x[0], 32), m0);
-      const __m256i p1_even = _mm256_mul_epu32(x[2], m1);
-      const __m256i p1_odd = _mm256_mul_epu32(_mm256_srli_epi64(x[2], 32), m1);
-      const __m256i lo0 = _mm256_blend_epi32(p0_even, _mm256_slli_epi64(p0_odd, 32), 0xAA);
-      const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(p0_even, 32), p0_odd, 0xAA);
-      const __m256i lo1 = _mm256_blend_epi32(p1_even, _mm256_slli_epi64(p1_odd, 32), 0xAA);
-      const __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(p1_even, 32), p1_odd, 0xAA);
-      x[0] = _mm256_xor_si256(_mm256_xor_si256(hi1, x[1]), k0);
-      x[1] = lo1;
-      x[2] = _mm256_xor_si256(_mm256_xor_si256(hi0, x[3]), k1);
-      x[3] = lo0;
-    }
-  }
-  for (int set = 0; set < kAvx2Sets; ++set) {
-    const __m256i* x = c[set];
-    const __m256i t0 = _mm256_unpacklo_epi32(x[0], x[1]);
-    const __m256i t1 = _mm256_unpackhi_epi32(x[0], x[1]);
-    const __m256i t2 = _mm256_unpacklo_epi32(x[2], x[3]);
-    const __m256i t3 = _mm256_unpackhi_epi32(x[2], x[3]);
-    out[4 * set] = _mm256_unpacklo_epi64(t0, t2);
-    out[4 * set + 1] = _mm256_unpackhi_epi64(t0, t2);
-    out[4 * set + 2] = _mm256_unpacklo_epi64(t1, t3);
-    out[4 * set + 3] = _mm256_unpackhi_epi64(t1, t3);
-  }
-}
-
-// Four float32 uniforms from four words, exactly as element_value<float> computes them.
-__attribute__((target("avx2"))) __m128 uniform4(__m128i words, double from, double range) {
-  const __m256d u =
-      _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_srli_epi32(words, 8)), _mm256_set1_pd(0x1p-24));
-  return _mm256_cvtpd_ps(
-      _mm256_add_pd(_mm256_set1_pd(from), _mm256_mul_pd(_mm256_set1_pd(range), u)));
-}
-
-// Elements [e, e + 128 * groups) of a float32 uniform into out; e is a multiple of 4.
-__attribute__((target("avx2"))) void uniform_f32_avx2(float* out, uint64_t e, int64_t groups,
-                                                      const CounterDistributionParams& p,
-                                                      uint64_t seed, uint64_t stream) {
-  const double range = p.b - p.a;
-  const __m256 from_f = _mm256_set1_ps(static_cast<float>(p.a));
-  const __m256 to_f = _mm256_set1_ps(static_cast<float>(p.b));
-  __m256i words[4 * kAvx2Sets];
-  for (int64_t g = 0; g < groups; ++g) {
-    philox_avx2(e / 4 + 8 * kAvx2Sets * static_cast<uint64_t>(g), stream, seed, words);
-    float* dst = out + 32 * kAvx2Sets * g;
-    for (int v = 0; v < 4 * kAvx2Sets; ++v) {
-      const __m256 f = _mm256_set_m128(uniform4(_mm256_extracti128_si256(words[v], 1), p.a, range),
-                                       uniform4(_mm256_castsi256_si128(words[v]), p.a, range));
-      _mm256_storeu_ps(dst + 8 * v,
-                       _mm256_blendv_ps(f, from_f, _mm256_cmp_ps(f, to_f, _CMP_EQ_OQ)));
-    }
-  }
-}
 #endif
 
 template <typename T>
@@ -521,7 +429,7 @@ int64_t vector_fill(T* out, uint64_t e, int64_t count, const CounterDistribution
   const Isa isa = counter_isa();
   const bool avx512 = isa == Isa::kAvx512;
   const bool avx2 = isa == Isa::kAvx2 && *dtype == counter_simd::Dtype::kFloat &&
-                    *op == counter_simd::Op::kUniform;
+                    (*op == counter_simd::Op::kUniform || *op == counter_simd::Op::kNormal);
   if (!avx512 && !avx2) {
     return 0;
   }
@@ -530,25 +438,17 @@ int64_t vector_fill(T* out, uint64_t e, int64_t count, const CounterDistribution
   for (; j < count && (e + j) % per_block != 0; ++j) {
     out[j] = element_value<T>(params, blocks, e + j, wide);
   }
-  if (avx512) {
-    counter_simd::Job job;
-    job.op = *op;
-    job.dtype = *dtype;
-    job.out = out + j;
-    job.first = e + j;
-    job.count = count - j;
-    job.a = params.a;
-    job.b = params.b;
-    job.seed = seed;
-    job.stream = stream;
-    return j + counter_simd::fill_avx512(job);
-  }
-  if constexpr (std::is_same_v<T, float>) {
-    const int64_t groups = (count - j) / (32 * kAvx2Sets);
-    uniform_f32_avx2(out + j, e + j, groups, params, seed, stream);
-    return j + 32 * kAvx2Sets * groups;
-  }
-  return j;
+  counter_simd::Job job;
+  job.op = *op;
+  job.dtype = *dtype;
+  job.out = out + j;
+  job.first = e + j;
+  job.count = count - j;
+  job.a = params.a;
+  job.b = params.b;
+  job.seed = seed;
+  job.stream = stream;
+  return j + (avx512 ? counter_simd::fill_avx512(job) : counter_simd::fill_avx2(job));
 #else
   return 0;
 #endif
@@ -608,6 +508,15 @@ void fill_typed(const at::Tensor& out, const CounterDistributionParams& params, 
 }  // namespace
 
 namespace counter_simd {
+
+bool avx2_available() {
+#ifdef TORCHDEFER_X86_KERNELS
+  static const bool available = __builtin_cpu_supports("avx2");
+  return available;
+#else
+  return false;
+#endif
+}
 
 bool avx512_available() {
 #ifdef TORCHDEFER_X86_KERNELS

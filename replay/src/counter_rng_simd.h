@@ -31,8 +31,15 @@ struct Job {
 // Whether the CPU and the OS support the AVX-512 kernels (F, DQ, BW and VL).
 bool avx512_available();
 
+// Whether they support the AVX2 kernels.
+bool avx2_available();
+
 // Fills the longest prefix of `job` made of whole groups of 64 Philox blocks and returns its
 // length in elements; the caller fills the rest. Only where avx512_available().
 int64_t fill_avx512(const Job& job);
+
+// The same with AVX2, whole groups of 32 blocks, float32 uniform and normal only (0 otherwise).
+// Only where avx2_available().
+int64_t fill_avx2(const Job& job);
 
 }  // namespace torchdefer::counter_simd
