@@ -1,19 +1,22 @@
 // Counter RNG (Note [Counter RNG]). Compiled with -ffp-contract=off (replay/CMakeLists.txt).
 #include <torchdefer/counter_rng.h>
 
+#include "counter_math_constants.h"
+#include "counter_rng_simd.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 #include <limits>
+#include <optional>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -38,38 +41,10 @@ std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint
 }
 
 namespace counter_math {
+
+using namespace counter_math_constants;
+
 namespace {
-
-constexpr double kLn2Hi = 6.93147180369123816490e-01;  // ln 2 rounded to 32 significant bits
-constexpr double kLn2Lo = 1.90821492927058770002e-10;  // ln 2 − kLn2Hi
-constexpr double kInvLn2 = 1.44269504088896338700;
-constexpr double kHalfPi = 1.57079632679489661923;
-constexpr double kSqrt2 = 1.41421356237309504880;
-
-// 1/n! for n = 0..20, exact to double rounding.
-constexpr std::array<double, 21> kInverseFactorial = {
-    1.0,
-    1.0,
-    1.0 / 2.0,
-    1.0 / 6.0,
-    1.0 / 24.0,
-    1.0 / 120.0,
-    1.0 / 720.0,
-    1.0 / 5040.0,
-    1.0 / 40320.0,
-    1.0 / 362880.0,
-    1.0 / 3628800.0,
-    1.0 / 39916800.0,
-    1.0 / 479001600.0,
-    1.0 / 6227020800.0,
-    1.0 / 87178291200.0,
-    1.0 / 1307674368000.0,
-    1.0 / 20922789888000.0,
-    1.0 / 355687428096000.0,
-    1.0 / 6402373705728000.0,
-    1.0 / 121645100408832000.0,
-    1.0 / 2432902008176640000.0,
-};
 
 double from_bits(uint64_t bits) {
   double d;
@@ -180,7 +155,7 @@ void sincos_2pi(double t, double* sin, double* cos) {
 
 namespace {
 
-constexpr double kTwoPow32 = 4294967296.0;
+using counter_math_constants::kTwoPow32;
 
 // Bits per element of a draw: 32, or 64 for float64 uniform/normal and wide random ranges.
 bool uses_64_bits(const CounterDistributionParams& params, c10::ScalarType dtype) {
@@ -358,100 +333,126 @@ T element_value(const CounterDistributionParams& p, Blocks& blocks, uint64_t e, 
 }
 
 #if defined(__x86_64__)
-#define TORCHDEFER_HAS_AVX2_PATH 1
+#define TORCHDEFER_X86_KERNELS 1
 
-// Note [Vectorized uniform fill]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// float32 uniform is the bulk of every initialization (kaiming_uniform_, xavier_uniform_, the
-// uniform_ inside trunc_normal_), so it has an AVX2 path: eight Philox blocks at once (the 32x32
-// multiplies as even/odd _mm256_mul_epu32), then the same double arithmetic as the scalar path,
-// lane by lane, as separate multiplies and adds, and the same round-to-nearest-even conversion.
-// Its bits equal the scalar path's; tests compare the two against an independent reference.
-bool has_avx2() {
-  static const bool available = __builtin_cpu_supports("avx2");
-  return available;
-}
+// Note [Vectorized counter fill]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Initialization is almost all uniform and normal draws, so those (and bernoulli and exponential)
+// have vector kernels for float32, float64, float16 and bfloat16 outputs. The scalar code above is
+// the definition; a kernel computes the same IEEE operations in the same order, lane by lane
+// (separate multiplies and adds, FP contraction off, the same log/sincos polynomials, correctly
+// rounded sqrt and conversions), so its bits equal the scalar path's. counter_rng_test.cpp checks
+// every kernel element by element against a reference written from Note [Counter RNG], across
+// region offsets that start and end mid-block and mid-group.
+//
+//  * AVX-512 (F, DQ, BW, VL; counter_rng_avx512.cpp, its own translation unit compiled for that
+//    instruction set): every kernel above. Philox runs four independent sets of 16 blocks at once
+//    (one set alone is a latency-bound chain of multiplies), the counters laid out so that one
+//    in-lane 4x4 transpose leaves the words in element order.
+//  * AVX2 (counter_rng_avx2.cpp, likewise): float32 uniform and normal, the same scheme with four
+//    sets of eight blocks, for CPUs without AVX-512.
+//  * Otherwise the scalar path. The choice is made at run time from cpuid, so the library runs on
+//    any x86-64 CPU. TORCHDEFER_CPU_CAPABILITY=scalar|avx2|avx512 caps it (as ATEN_CPU_CAPABILITY
+//    does ATen's kernels), so that tests and benchmarks run every path on one machine.
+enum class Isa { kScalar, kAvx2, kAvx512 };
 
-__attribute__((target("avx2"))) void philox8(uint64_t block, uint32_t stream_lo, uint32_t stream_hi,
-                                             uint32_t key0, uint32_t key1, __m256i out[4]) {
-  alignas(32) uint32_t lo[8];
-  alignas(32) uint32_t hi[8];
-  for (int i = 0; i < 8; ++i) {
-    lo[i] = static_cast<uint32_t>(block + i);
-    hi[i] = static_cast<uint32_t>((block + i) >> 32);
+Isa detect_isa() {
+  Isa isa = Isa::kScalar;
+  if (counter_simd::avx2_available()) {
+    isa = Isa::kAvx2;
   }
-  __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo));
-  __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi));
-  __m256i c2 = _mm256_set1_epi32(static_cast<int>(stream_lo));
-  __m256i c3 = _mm256_set1_epi32(static_cast<int>(stream_hi));
-  __m256i k0 = _mm256_set1_epi32(static_cast<int>(key0));
-  __m256i k1 = _mm256_set1_epi32(static_cast<int>(key1));
-  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
-  const __m256i w0 = _mm256_set1_epi32(static_cast<int>(0x9E3779B9u));
-  const __m256i w1 = _mm256_set1_epi32(static_cast<int>(0xBB67AE85u));
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      k0 = _mm256_add_epi32(k0, w0);
-      k1 = _mm256_add_epi32(k1, w1);
-    }
-    const __m256i p0_even = _mm256_mul_epu32(c0, m0);
-    const __m256i p0_odd = _mm256_mul_epu32(_mm256_srli_epi64(c0, 32), m0);
-    const __m256i p1_even = _mm256_mul_epu32(c2, m1);
-    const __m256i p1_odd = _mm256_mul_epu32(_mm256_srli_epi64(c2, 32), m1);
-    const __m256i lo0 = _mm256_blend_epi32(p0_even, _mm256_slli_epi64(p0_odd, 32), 0xAA);
-    const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(p0_even, 32), p0_odd, 0xAA);
-    const __m256i lo1 = _mm256_blend_epi32(p1_even, _mm256_slli_epi64(p1_odd, 32), 0xAA);
-    const __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(p1_even, 32), p1_odd, 0xAA);
-    c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), k0);
-    c1 = lo1;
-    c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), k1);
-    c3 = lo0;
+  if (counter_simd::avx512_available()) {
+    isa = Isa::kAvx512;
   }
-  out[0] = c0;
-  out[1] = c1;
-  out[2] = c2;
-  out[3] = c3;
+  const char* cap = std::getenv("TORCHDEFER_CPU_CAPABILITY");
+  if (cap == nullptr || *cap == '\0') {
+    return isa;
+  }
+  const std::string requested(cap);
+  TORCH_CHECK(requested == "scalar" || requested == "avx2" || requested == "avx512",
+              "torchdefer: TORCHDEFER_CPU_CAPABILITY='", requested,
+              "' is not one of scalar, avx2, avx512; unset it to use the best the CPU supports");
+  const Isa limit = requested == "scalar" ? Isa::kScalar
+                    : requested == "avx2" ? Isa::kAvx2
+                                          : Isa::kAvx512;
+  return std::min(isa, limit);
 }
 
-// Four float32 uniforms from four words, exactly as element_value<float> computes them.
-__attribute__((target("avx2"))) __m128 uniform4(__m128i words, double from, double range,
-                                                float from_f, float to_f) {
-  const __m256d u =
-      _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_srli_epi32(words, 8)), _mm256_set1_pd(0x1p-24));
-  const __m256d value =
-      _mm256_add_pd(_mm256_set1_pd(from), _mm256_mul_pd(_mm256_set1_pd(range), u));
-  const __m128 f = _mm256_cvtpd_ps(value);
-  return _mm_blendv_ps(f, _mm_set1_ps(from_f), _mm_cmpeq_ps(f, _mm_set1_ps(to_f)));
+Isa counter_isa() {
+  static const Isa isa = detect_isa();
+  return isa;
 }
 
-// Elements [e, e + 32 * groups) of a float32 uniform into out; e is a multiple of 4.
-__attribute__((target("avx2"))) void uniform_f32_avx2(float* out, uint64_t e, int64_t groups,
-                                                      const CounterDistributionParams& p,
-                                                      uint64_t seed, uint64_t stream) {
-  const double range = p.b - p.a;
-  const float from_f = static_cast<float>(p.a);
-  const float to_f = static_cast<float>(p.b);
-  alignas(32) float words[4][8];
-  for (int64_t g = 0; g < groups; ++g) {
-    __m256i w[4];
-    philox8(e / 4 + 8 * static_cast<uint64_t>(g), static_cast<uint32_t>(stream),
-            static_cast<uint32_t>(stream >> 32), static_cast<uint32_t>(seed),
-            static_cast<uint32_t>(seed >> 32), w);
-    for (int k = 0; k < 4; ++k) {
-      _mm_store_ps(words[k], uniform4(_mm256_castsi256_si128(w[k]), p.a, range, from_f, to_f));
-      _mm_store_ps(words[k] + 4,
-                   uniform4(_mm256_extracti128_si256(w[k], 1), p.a, range, from_f, to_f));
-    }
-    float* dst = out + 32 * g;
-    for (int block = 0; block < 8; ++block) {
-      for (int k = 0; k < 4; ++k) {
-        dst[4 * block + k] = words[k][block];
-      }
-    }
-  }
-}
 #endif
+
+template <typename T>
+constexpr std::optional<counter_simd::Dtype> simd_dtype() {
+  if constexpr (std::is_same_v<T, float>) {
+    return counter_simd::Dtype::kFloat;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return counter_simd::Dtype::kDouble;
+  } else if constexpr (std::is_same_v<T, c10::Half>) {
+    return counter_simd::Dtype::kHalf;
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return counter_simd::Dtype::kBFloat16;
+  }
+  return std::nullopt;
+}
+
+std::optional<counter_simd::Op> simd_op(CounterDistribution distribution) {
+  switch (distribution) {
+    case CounterDistribution::kUniform:
+      return counter_simd::Op::kUniform;
+    case CounterDistribution::kNormal:
+      return counter_simd::Op::kNormal;
+    case CounterDistribution::kBernoulli:
+      return counter_simd::Op::kBernoulli;
+    case CounterDistribution::kExponential:
+      return counter_simd::Op::kExponential;
+    default:
+      return std::nullopt;
+  }
+}
+
+// Fills a prefix of the `count` contiguous elements from element `e` with a vector kernel (Note
+// [Vectorized counter fill]), the elements before the first block boundary with the scalar path.
+// Returns how many it filled.
+template <typename T>
+int64_t vector_fill(T* out, uint64_t e, int64_t count, const CounterDistributionParams& params,
+                    uint64_t seed, uint64_t stream, Blocks& blocks, bool wide) {
+  constexpr std::optional<counter_simd::Dtype> dtype = simd_dtype<T>();
+  const std::optional<counter_simd::Op> op = simd_op(params.distribution);
+  if (!dtype || !op) {
+    return 0;
+  }
+#ifdef TORCHDEFER_X86_KERNELS
+  const Isa isa = counter_isa();
+  const bool avx512 = isa == Isa::kAvx512;
+  const bool avx2 = isa == Isa::kAvx2 && *dtype == counter_simd::Dtype::kFloat &&
+                    (*op == counter_simd::Op::kUniform || *op == counter_simd::Op::kNormal);
+  if (!avx512 && !avx2) {
+    return 0;
+  }
+  const uint64_t per_block = wide ? 2 : 4;
+  int64_t j = 0;
+  for (; j < count && (e + j) % per_block != 0; ++j) {
+    out[j] = element_value<T>(params, blocks, e + j, wide);
+  }
+  counter_simd::Job job;
+  job.op = *op;
+  job.dtype = *dtype;
+  job.out = out + j;
+  job.first = e + j;
+  job.count = count - j;
+  job.a = params.a;
+  job.b = params.b;
+  job.seed = seed;
+  job.stream = stream;
+  return j + (avx512 ? counter_simd::fill_avx512(job) : counter_simd::fill_avx2(job));
+#else
+  return 0;
+#endif
+}
 
 // Global row-major index of the first element of each row of `out` (its last dimension).
 struct RowIndex {
@@ -491,21 +492,10 @@ void fill_typed(const at::Tensor& out, const CounterDistributionParams& params, 
         global += index.start[dims - 1] * last_global_stride;
       }
       int64_t j = first;
-#ifdef TORCHDEFER_HAS_AVX2_PATH
-      if constexpr (std::is_same_v<T, float>) {
-        if (params.distribution == CounterDistribution::kUniform && last_stride == 1 &&
-            has_avx2()) {
-          for (; j < last && (global + j) % 4 != 0; ++j) {
-            data[offset + j] =
-                element_value<T>(params, blocks, static_cast<uint64_t>(global + j), wide);
-          }
-          const int64_t groups = (last - j) / 32;
-          uniform_f32_avx2(data + offset + j, static_cast<uint64_t>(global + j), groups, params,
-                           seed, stream);
-          j += 32 * groups;
-        }
+      if (last_stride == 1) {
+        j += vector_fill(data + offset + j, static_cast<uint64_t>(global + j), last - j, params,
+                         seed, stream, blocks, wide);
       }
-#endif
       for (; j < last; ++j) {
         data[offset + j * last_stride] =
             element_value<T>(params, blocks, static_cast<uint64_t>(global + j), wide);
@@ -516,6 +506,30 @@ void fill_typed(const at::Tensor& out, const CounterDistributionParams& params, 
 }
 
 }  // namespace
+
+namespace counter_simd {
+
+bool avx2_available() {
+#ifdef TORCHDEFER_X86_KERNELS
+  static const bool available = __builtin_cpu_supports("avx2");
+  return available;
+#else
+  return false;
+#endif
+}
+
+bool avx512_available() {
+#ifdef TORCHDEFER_X86_KERNELS
+  static const bool available =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return available;
+#else
+  return false;
+#endif
+}
+
+}  // namespace counter_simd
 
 void counter_fill(const at::Tensor& out, const CounterDistributionParams& params, uint64_t seed,
                   uint64_t stream, CounterRegion region) {

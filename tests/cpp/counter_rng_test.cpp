@@ -12,7 +12,9 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace torchdefer {
@@ -94,6 +96,149 @@ TEST(CounterRng, Float32UniformMatchesTheNoteElementByElement) {
           << "element " << start + i;
     }
   }
+}
+
+// Note [Counter RNG] for element e of a uniform, normal, bernoulli or exponential op, written out
+// from philox4x32_10 and counter_math alone: the value in double, before rounding to the dtype.
+double reference_double(const CounterDistributionParams& p, bool wide, uint64_t seed,
+                        uint64_t stream, uint64_t e) {
+  const auto block = [&](uint64_t b) {
+    return philox4x32_10({static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32),
+                          static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
+                         {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+  };
+  const auto draw64 = [](const std::array<uint32_t, 4>& w, uint64_t half) {
+    return (uint64_t{w[2 * half + 1]} << 32) | w[2 * half];
+  };
+  const double two_pow_32 = 4294967296.0;
+  switch (p.distribution) {
+    case Distribution::kUniform: {
+      const double u = wide ? static_cast<double>(draw64(block(e / 2), e % 2) >> 11) * 0x1p-53
+                            : static_cast<double>(block(e / 4)[e % 4] >> 8) * 0x1p-24;
+      return p.a + (p.b - p.a) * u;
+    }
+    case Distribution::kNormal: {
+      double u1, u2;
+      if (wide) {
+        const auto w = block(e / 2);
+        u1 = static_cast<double>((draw64(w, 0) >> 11) + 1) * 0x1p-53;
+        u2 = static_cast<double>(draw64(w, 1) >> 11) * 0x1p-53;
+      } else {
+        const auto w = block(e / 4);
+        const uint64_t half = (e % 4) / 2;
+        u1 = (static_cast<double>(w[2 * half]) + 1.0) / two_pow_32;
+        u2 = static_cast<double>(w[2 * half + 1]) / two_pow_32;
+      }
+      const double r = std::sqrt(-2.0 * counter_math::log(u1));
+      double s, c;
+      counter_math::sincos_2pi(u2, &s, &c);
+      return p.a + p.b * (e % 2 == 1 ? r * s : r * c);
+    }
+    case Distribution::kBernoulli:
+      return static_cast<double>(block(e / 4)[e % 4]) / two_pow_32 < p.a ? 1.0 : 0.0;
+    case Distribution::kExponential: {
+      const double u = wide ? static_cast<double>((draw64(block(e / 2), e % 2) >> 11) + 1) * 0x1p-53
+                            : (static_cast<double>(block(e / 4)[e % 4]) + 1.0) / two_pow_32;
+      return -counter_math::log(u) / p.a;
+    }
+    default:
+      ADD_FAILURE() << "no reference for distribution " << static_cast<int>(p.distribution);
+      return 0;
+  }
+}
+
+// A double rounded to the dtype as the note says: float16 and bfloat16 through float32.
+template <typename T>
+T round_to(double value) {
+  if constexpr (std::is_same_v<T, double>) {
+    return value;
+  } else {
+    return T(static_cast<float>(value));
+  }
+}
+
+template <typename T>
+T reference_element(const CounterDistributionParams& p, uint64_t seed, uint64_t stream,
+                    uint64_t e) {
+  const bool wide = std::is_same_v<T, double> && p.distribution != Distribution::kBernoulli;
+  const T value = round_to<T>(reference_double(p, wide, seed, stream, e));
+  if (p.distribution == Distribution::kUniform &&
+      static_cast<double>(value) == static_cast<double>(round_to<T>(p.b))) {
+    return round_to<T>(p.a);
+  }
+  return value;
+}
+
+// Fills `sizes` at `start` of a `global`-shaped op output and compares every element's bits with
+// the reference.
+template <typename T>
+void expect_region_matches_reference(const CounterDistributionParams& p,
+                                     const std::vector<int64_t>& global,
+                                     const std::vector<int64_t>& start,
+                                     const std::vector<int64_t>& sizes) {
+  const uint64_t seed = 0x9e3779b97f4a7c15ull;
+  const uint64_t stream = (uint64_t{5} << 32) | 11;
+  at::Tensor part = torch::empty(sizes, c10::CppTypeToScalarType<T>::value);
+  counter_fill(part, p, seed, stream, {global, start});
+  const T* values = part.data_ptr<T>();
+  const int64_t columns = sizes.size() == 2 ? sizes[1] : sizes[0];
+  const int64_t rows = sizes.size() == 2 ? sizes[0] : 1;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < columns; ++j) {
+      const int64_t e =
+          sizes.size() == 2 ? (start[0] + i) * global[1] + start[1] + j : start[0] + j;
+      const T expected = reference_element<T>(p, seed, stream, static_cast<uint64_t>(e));
+      const T actual = values[i * columns + j];
+      ASSERT_EQ(std::memcmp(&actual, &expected, sizeof(T)), 0)
+          << "distribution " << static_cast<int>(p.distribution) << ", "
+          << c10::CppTypeToScalarType<T>::value << ", element " << e << ": "
+          << static_cast<double>(actual) << " instead of " << static_cast<double>(expected);
+    }
+  }
+}
+
+template <typename T>
+void expect_every_path_matches_reference() {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<CounterDistributionParams> distributions = {
+      {Distribution::kUniform, -0.3, 0.7}, {Distribution::kUniform, 0.0, 1.0},
+      {Distribution::kUniform, -inf, inf},  // NaN everywhere: checks NaN's bits in each dtype
+      {Distribution::kNormal, 0.5, 2.0},   {Distribution::kBernoulli, 0.3},
+      {Distribution::kExponential, 1.5}};
+  // Starts and lengths that begin and end mid-block and mid-group (a vector group is up to 256
+  // elements, in four sets of 16 blocks), and block counters whose low word wraps around inside
+  // each set of a group (32- and 64-bit draws).
+  std::vector<int64_t> starts = {0, 1, 2, 3, 5, 31, 33, 63, 65, 127, 129, 255, 257};
+  for (const int64_t blocks_before_wrap : {9, 20, 40, 60}) {
+    starts.push_back((int64_t{1} << 33) - 2 * blocks_before_wrap - 1);
+    starts.push_back((int64_t{1} << 34) - 4 * blocks_before_wrap - 1);
+  }
+  const std::vector<int64_t> lengths = {1, 7, 64, 130, 300, 1000};
+  for (const CounterDistributionParams& p : distributions) {
+    for (const int64_t start : starts) {
+      for (const int64_t length : lengths) {
+        expect_region_matches_reference<T>(p, {start + length + 3}, {start}, {length});
+      }
+    }
+    // Rows of a 2-D region: every row starts at its own offset.
+    expect_region_matches_reference<T>(p, {5, 300}, {1, 7}, {3, 250});
+  }
+}
+
+TEST(CounterRng, EveryFloat32PathMatchesTheNoteElementByElement) {
+  expect_every_path_matches_reference<float>();
+}
+
+TEST(CounterRng, EveryFloat64PathMatchesTheNoteElementByElement) {
+  expect_every_path_matches_reference<double>();
+}
+
+TEST(CounterRng, EveryFloat16PathMatchesTheNoteElementByElement) {
+  expect_every_path_matches_reference<c10::Half>();
+}
+
+TEST(CounterRng, EveryBFloat16PathMatchesTheNoteElementByElement) {
+  expect_every_path_matches_reference<c10::BFloat16>();
 }
 
 TEST(CounterMath, AgreesWithTheCLibraryToAFewUlps) {

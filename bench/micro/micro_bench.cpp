@@ -1,0 +1,272 @@
+// torchdefer micro benchmarks (Google Benchmark). Run with --benchmark_format=json for the tables
+// in docs/benchmarks.md. Names are '/'-separated fields, parseable without looking at counters:
+//
+//   BM_CounterFill/<op>/<dtype>/at_threads:<n>   counter_fill of a 64 MiB pre-faulted buffer;
+//       op: uniform, normal, bernoulli, random, exponential; dtype: f32, f64, f16, bf16;
+//       at_threads: ATen intra-op threads (at::set_num_threads; 1 and all cores). bytes_per_second
+//       is the output written.
+//   BM_CounterFillFresh/uniform/f32/at_threads:<n>  the same into a newly allocated 64 MiB
+//       tensor each iteration: the difference to BM_CounterFill is the page faults.
+//   BM_TorchFill/<op>/<dtype>/at_threads:<n>     PyTorch's own op on the same kind of buffer, in
+//       the same run: uniform_ and normal_ (its CPU generator), fill_ (the memory-bandwidth bound).
+//   BM_Record/<mode>/<model>                     constructing <model> (linear-4096: one
+//       torch::nn::Linear(4096, 4096); llama-125m, llama3-8b: bench/models/llama.h) with
+//       mode deferred_init (recorded) or fake_mode (under a torchdefer::FakeMode: fakes, nothing
+//       recorded — the C++ frontend has no meta-device context, and this is its equivalent: no
+//       storage, no initialization). Counters: ops and params (per model),
+//       s_per_op and s_per_param (time divided by them; the same op count for both modes, so the
+//       two modes compare per op). Destroying the model is not timed.
+//   BM_ShardReplay/world:<W>/at_threads:<n>      materialize_module of one recorded
+//       torch::nn::Linear(8192, 8192) (256 MiB of float32, kaiming_uniform_) as the shard of rank
+//       0 of W (Shard{0, W}, counter RNG), W = 1, 2, 4, ..., 64; bytes_per_second is the shard's
+//       bytes (new memory: page faults included), so time should fall ~1/W. Recording is not
+//       timed.
+//
+// Every benchmark reports wall time (UseRealTime), since the work runs on ATen's thread pool.
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+#include <torchdefer/counter_rng.h>
+#include <torchdefer/op_graph.h>
+#include <torchdefer/torchdefer.h>
+
+#include "bench/models/llama.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using torchdefer::CounterDistribution;
+using torchdefer::CounterDistributionParams;
+
+constexpr int64_t kFillBytes = int64_t{64} << 20;
+
+struct DtypeName {
+  c10::ScalarType dtype;
+  const char* name;
+};
+
+const std::vector<DtypeName>& fill_dtypes() {
+  static const std::vector<DtypeName> dtypes = {
+      {at::kFloat, "f32"}, {at::kDouble, "f64"}, {at::kHalf, "f16"}, {at::kBFloat16, "bf16"}};
+  return dtypes;
+}
+
+std::vector<int> thread_counts() {
+  const int all = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return all == 1 ? std::vector<int>{1} : std::vector<int>{1, all};
+}
+
+// A buffer of kFillBytes, written once so that its pages are faulted in before timing.
+at::Tensor prefaulted(c10::ScalarType dtype) {
+  const int64_t numel = kFillBytes / static_cast<int64_t>(c10::elementSize(dtype));
+  return torch::zeros({numel}, dtype);
+}
+
+void run_fill(benchmark::State& state, c10::ScalarType dtype, int threads,
+              const std::function<void(at::Tensor&)>& fill) {
+  at::set_num_threads(threads);
+  at::Tensor buffer = prefaulted(dtype);
+  for (auto _ : state) {
+    fill(buffer);
+    benchmark::DoNotOptimize(buffer.data_ptr());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(buffer.nbytes()));
+  state.counters["at_threads"] = threads;
+}
+
+void register_counter_fill() {
+  struct Op {
+    const char* name;
+    CounterDistributionParams params;
+  };
+  CounterDistributionParams random{CounterDistribution::kRandom};
+  random.range = 1000;
+  const std::vector<Op> ops = {{"uniform", {CounterDistribution::kUniform, -0.1, 0.1}},
+                               {"normal", {CounterDistribution::kNormal, 0.0, 0.02}},
+                               {"bernoulli", {CounterDistribution::kBernoulli, 0.9}},
+                               {"random", random},
+                               {"exponential", {CounterDistribution::kExponential, 1.0}}};
+  for (const Op& op : ops) {
+    for (const DtypeName& dtype : fill_dtypes()) {
+      for (const int threads : thread_counts()) {
+        const std::string name = std::string("BM_CounterFill/") + op.name + "/" + dtype.name +
+                                 "/at_threads:" + std::to_string(threads);
+        const CounterDistributionParams params = op.params;
+        benchmark::RegisterBenchmark(
+            name.c_str(),
+            [params, dtype, threads](benchmark::State& state) {
+              run_fill(state, dtype.dtype, threads, [&](at::Tensor& buffer) {
+                torchdefer::counter_fill(buffer, params, /*seed=*/42, /*stream=*/7);
+              });
+            })
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+    }
+  }
+}
+
+void register_fresh_fill() {
+  for (const int threads : thread_counts()) {
+    const std::string name =
+        "BM_CounterFillFresh/uniform/f32/at_threads:" + std::to_string(threads);
+    benchmark::RegisterBenchmark(
+        name.c_str(),
+        [threads](benchmark::State& state) {
+          at::set_num_threads(threads);
+          const CounterDistributionParams uniform{CounterDistribution::kUniform, -0.1, 0.1};
+          for (auto _ : state) {
+            at::Tensor buffer = torch::empty({kFillBytes / 4});
+            torchdefer::counter_fill(buffer, uniform, 42, 7);
+            benchmark::DoNotOptimize(buffer.data_ptr());
+          }
+          state.SetBytesProcessed(state.iterations() * kFillBytes);
+          state.counters["at_threads"] = threads;
+        })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
+void register_torch_fill() {
+  const std::vector<std::pair<const char*, std::function<void(at::Tensor&)>>> ops = {
+      {"uniform_", [](at::Tensor& t) { t.uniform_(-0.1, 0.1); }},
+      {"normal_", [](at::Tensor& t) { t.normal_(0.0, 0.02); }},
+      {"fill_", [](at::Tensor& t) { t.fill_(0.5); }}};
+  for (const auto& [op_name, op] : ops) {
+    for (const DtypeName& dtype : fill_dtypes()) {
+      for (const int threads : thread_counts()) {
+        const std::string name = std::string("BM_TorchFill/") + op_name + "/" + dtype.name +
+                                 "/at_threads:" + std::to_string(threads);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [op = op, dtype, threads](benchmark::State& state) {
+                                       run_fill(state, dtype.dtype, threads, op);
+                                     })
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+    }
+  }
+}
+
+struct ModelSpec {
+  const char* name;
+  std::function<std::shared_ptr<torch::nn::Module>()> build;
+};
+
+const std::vector<ModelSpec>& record_models() {
+  static const std::vector<ModelSpec> models = {
+      {"linear-4096", [] { return torch::nn::Linear(4096, 4096).ptr(); }},
+      {"llama-125m",
+       [] {
+         return torchdefer::models::Llama(torchdefer::models::LlamaConfig::named("llama-125m"))
+             .ptr();
+       }},
+      {"llama3-8b", [] {
+         return torchdefer::models::Llama(torchdefer::models::LlamaConfig::named("llama3-8b"))
+             .ptr();
+       }}};
+  return models;
+}
+
+// Recorded ops and parameters of one deferred_init of `model`.
+std::pair<int64_t, int64_t> recording_size(const ModelSpec& model) {
+  const auto module = torchdefer::deferred_init(model.build);
+  const std::vector<at::Tensor> parameters = module->parameters();
+  const torchdefer::RecordedFake* recorded = torchdefer::recorded(parameters.front());
+  TORCH_CHECK(recorded != nullptr, "micro_bench: ", model.name, " recorded nothing");
+  return {static_cast<int64_t>(recorded->graph->nodes().size()),
+          static_cast<int64_t>(parameters.size())};
+}
+
+void register_record() {
+  for (const ModelSpec& model : record_models()) {
+    for (const bool deferred : {true, false}) {
+      const std::string name =
+          std::string("BM_Record/") + (deferred ? "deferred_init/" : "fake_mode/") + model.name;
+      benchmark::RegisterBenchmark(
+          name.c_str(),
+          [&model, deferred](benchmark::State& state) {
+            at::set_num_threads(1);
+            const auto [ops, params] = recording_size(model);
+            for (auto _ : state) {
+              std::shared_ptr<torch::nn::Module> module;
+              if (deferred) {
+                module = torchdefer::deferred_init(model.build);
+              } else {
+                torchdefer::FakeMode fake;
+                module = model.build();
+              }
+              benchmark::DoNotOptimize(module.get());
+              state.PauseTiming();
+              module.reset();
+              state.ResumeTiming();
+            }
+            using benchmark::Counter;
+            state.counters["ops"] = static_cast<double>(ops);
+            state.counters["params"] = static_cast<double>(params);
+            state.counters["s_per_op"] = Counter(
+                static_cast<double>(ops), Counter::kIsIterationInvariantRate | Counter::kInvert);
+            state.counters["s_per_param"] = Counter(
+                static_cast<double>(params), Counter::kIsIterationInvariantRate | Counter::kInvert);
+          })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
+void register_shard_replay() {
+  for (int64_t world = 1; world <= 64; world *= 2) {
+    for (const int threads : thread_counts()) {
+      const std::string name = "BM_ShardReplay/world:" + std::to_string(world) +
+                               "/at_threads:" + std::to_string(threads);
+      benchmark::RegisterBenchmark(
+          name.c_str(),
+          [world, threads](benchmark::State& state) {
+            at::set_num_threads(threads);
+            int64_t bytes = 0;
+            for (auto _ : state) {
+              state.PauseTiming();
+              auto linear = torchdefer::deferred_init<torch::nn::Linear>(
+                  torch::nn::LinearOptions(8192, 8192).bias(false));
+              state.ResumeTiming();
+              torchdefer::materialize_module(
+                  *linear, torchdefer::MaterializeOptions().shard(torchdefer::Shard{0, world}));
+              bytes += static_cast<int64_t>(linear->weight.nbytes());
+              state.PauseTiming();
+              linear = nullptr;
+              state.ResumeTiming();
+            }
+            state.SetBytesProcessed(bytes);
+            state.counters["world"] = static_cast<double>(world);
+            state.counters["at_threads"] = threads;
+          })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_counter_fill();
+  register_fresh_fill();
+  register_torch_fill();
+  register_record();
+  register_shard_replay();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
+    return 1;
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,421 @@
+// AVX-512 kernels of the counter RNG (Note [Vectorized counter fill]). Compiled with
+// -mavx512f -mavx512dq -mavx512bw -mavx512vl -ffp-contract=off (replay/CMakeLists.txt) and called
+// only where counter_simd::avx512_available(). Every function below computes exactly what the
+// scalar definition in counter_rng.cpp computes, operation by operation, in vector lanes.
+#include "counter_rng_simd.h"
+
+#include "counter_math_constants.h"
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace torchdefer::counter_simd {
+namespace {
+
+using namespace counter_math_constants;
+
+// A group is four independent sets of 16 blocks: one set's rounds are a chain of dependent
+// multiplies and permutes, and interleaving four hides their latency (2.5x the throughput of one
+// set on Zen 4).
+constexpr int kSets = 4;
+constexpr int kGroupBlocks = 16 * kSets;
+constexpr int kGroupVectors = 4 * kSets;  // vectors of 16 words per group
+
+// Philox4x32-10 on blocks base_block + 0 .. 63. In each set of 16, lane 4j + l of the counter
+// holds block 4l + j of the set, so that the 4x4 transpose inside each 128-bit lane at the end
+// leaves out[4 * set + l] = the 16 words of the set's blocks 4l .. 4l + 3 in order: the words of
+// consecutive elements.
+void philox(uint64_t base_block, uint64_t stream, uint64_t seed, __m512i out[kGroupVectors]) {
+  const __m512i offsets = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  __m512i c[kSets][4];
+  for (int set = 0; set < kSets; ++set) {
+    const uint64_t base = base_block + 16 * set;
+    c[set][0] = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(base)), offsets);
+    // The low counter word wrapped around in the lanes where it ended below its offset.
+    const __mmask16 carry = _mm512_cmplt_epu32_mask(c[set][0], offsets);
+    const __m512i hi = _mm512_set1_epi32(static_cast<int>(base >> 32));
+    c[set][1] = _mm512_mask_add_epi32(hi, carry, hi, _mm512_set1_epi32(1));
+    c[set][2] = _mm512_set1_epi32(static_cast<int>(stream));
+    c[set][3] = _mm512_set1_epi32(static_cast<int>(stream >> 32));
+  }
+  __m512i k0 = _mm512_set1_epi32(static_cast<int>(seed));
+  __m512i k1 = _mm512_set1_epi32(static_cast<int>(seed >> 32));
+  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
+  const __m512i m1 = _mm512_set1_epi32(static_cast<int>(0xCD9E8D57u));
+  const __m512i w0 = _mm512_set1_epi32(static_cast<int>(0x9E3779B9u));
+  const __m512i w1 = _mm512_set1_epi32(static_cast<int>(0xBB67AE85u));
+  // The high halves of the even and the odd lanes' 64-bit products, in one permute.
+  const __m512i high_index =
+      _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 = _mm512_add_epi32(k0, w0);
+      k1 = _mm512_add_epi32(k1, w1);
+    }
+    for (int set = 0; set < kSets; ++set) {
+      __m512i* x = c[set];
+      const __m512i p0_even = _mm512_mul_epu32(x[0], m0);
+      const __m512i p0_odd = _mm512_mul_epu32(_mm512_srli_epi64(x[0], 32), m0);
+      const __m512i p1_even = _mm512_mul_epu32(x[2], m1);
+      const __m512i p1_odd = _mm512_mul_epu32(_mm512_srli_epi64(x[2], 32), m1);
+      const __m512i hi0 = _mm512_permutex2var_epi32(p0_even, high_index, p0_odd);
+      const __m512i hi1 = _mm512_permutex2var_epi32(p1_even, high_index, p1_odd);
+      const __m512i lo0 = _mm512_mullo_epi32(x[0], m0);
+      const __m512i lo1 = _mm512_mullo_epi32(x[2], m1);
+      x[0] = _mm512_ternarylogic_epi32(hi1, x[1], k0, 0x96);  // three-way xor
+      x[1] = lo1;
+      x[2] = _mm512_ternarylogic_epi32(hi0, x[3], k1, 0x96);
+      x[3] = lo0;
+    }
+  }
+  for (int set = 0; set < kSets; ++set) {
+    const __m512i* x = c[set];
+    const __m512i t0 = _mm512_unpacklo_epi32(x[0], x[1]);
+    const __m512i t1 = _mm512_unpackhi_epi32(x[0], x[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(x[2], x[3]);
+    const __m512i t3 = _mm512_unpackhi_epi32(x[2], x[3]);
+    out[4 * set] = _mm512_unpacklo_epi64(t0, t2);
+    out[4 * set + 1] = _mm512_unpackhi_epi64(t0, t2);
+    out[4 * set + 2] = _mm512_unpacklo_epi64(t1, t3);
+    out[4 * set + 3] = _mm512_unpackhi_epi64(t1, t3);
+  }
+}
+
+// The 32-bit words of 16 consecutive elements as doubles, first eight and last eight.
+void words_to_double(__m512i words, __m512d* lo, __m512d* hi) {
+  *lo = _mm512_cvtepu32_pd(_mm512_castsi512_si256(words));
+  *hi = _mm512_cvtepu32_pd(_mm512_extracti64x4_epi64(words, 1));
+}
+
+// The math below works on N independent vectors at once, step by step: each alone is a long
+// chain of dependent multiplies and adds (polynomials in Horner form), and interleaving two keeps
+// the floating-point units busy.
+
+// counter_math::log, lane by lane.
+template <int N>
+void log_n(const __m512d (&x)[N], __m512d (&out)[N]) {
+  __m512d s[N], s2[N], p[N], kd[N];
+  for (int i = 0; i < N; ++i) {
+    const __m512i bits = _mm512_castpd_si512(x[i]);
+    __m512i k =
+        _mm512_sub_epi64(_mm512_and_si512(_mm512_srli_epi64(bits, 52), _mm512_set1_epi64(0x7ff)),
+                         _mm512_set1_epi64(1023));
+    __m512d m = _mm512_castsi512_pd(
+        _mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi64(0x000fffffffffffffll)),
+                        _mm512_set1_epi64(0x3ff0000000000000ll)));
+    const __mmask8 above = _mm512_cmp_pd_mask(m, _mm512_set1_pd(kSqrt2), _CMP_GT_OQ);
+    m = _mm512_mask_mul_pd(m, above, m, _mm512_set1_pd(0.5));
+    k = _mm512_mask_add_epi64(k, above, k, _mm512_set1_epi64(1));
+    s[i] = (m - 1.0) / (m + 1.0);
+    s2[i] = s[i] * s[i];
+    p[i] = _mm512_set1_pd(1.0 / 25.0);
+    kd[i] = _mm512_cvtepi64_pd(k);
+  }
+  for (int n = 23; n >= 1; n -= 2) {
+    for (int i = 0; i < N; ++i) {
+      p[i] = 1.0 / n + s2[i] * p[i];
+    }
+  }
+  for (int i = 0; i < N; ++i) {
+    out[i] = kd[i] * kLn2Hi + (kd[i] * kLn2Lo + 2.0 * s[i] * p[i]);
+  }
+}
+
+// counter_math::sincos_2pi for t >= 0, lane by lane.
+template <int N>
+void sincos_2pi_n(const __m512d (&t)[N], __m512d (&sin)[N], __m512d (&cos)[N]) {
+  __m512i q[N];
+  __mmask8 low[N];
+  __m512d x[N], x2[N], ps[N], pc[N];
+  for (int i = 0; i < N; ++i) {
+    const __m512d whole = _mm512_cvtepi64_pd(_mm512_cvttpd_epi64(t[i]));
+    const __m512d y = 4.0 * (t[i] - whole);
+    q[i] = _mm512_cvttpd_epi64(y);
+    const __m512d f = y - _mm512_cvtepi64_pd(q[i]);
+    low[i] = _mm512_cmp_pd_mask(f, _mm512_set1_pd(0.5), _CMP_LE_OQ);
+    x[i] = _mm512_mask_blend_pd(low[i], (1.0 - f) * kHalfPi, f * kHalfPi);
+    x2[i] = x[i] * x[i];
+    ps[i] = _mm512_set1_pd(kInverseFactorial[19]);
+    pc[i] = _mm512_set1_pd(kInverseFactorial[20]);
+  }
+  // sincos_quarter(x): its sine and cosine trade places where f > 1/2.
+  for (int n = 17; n >= 1; n -= 2) {
+    for (int i = 0; i < N; ++i) {
+      ps[i] = kInverseFactorial[n] - x2[i] * ps[i];
+      pc[i] = kInverseFactorial[n + 1] - x2[i] * pc[i];
+    }
+  }
+  for (int i = 0; i < N; ++i) {
+    pc[i] = kInverseFactorial[0] - x2[i] * pc[i];
+    const __m512d xs = x[i] * ps[i];
+    const __m512d s = _mm512_mask_blend_pd(low[i], pc[i], xs);
+    const __m512d c = _mm512_mask_blend_pd(low[i], xs, pc[i]);
+    // Quadrant q: sin, cos = (s, c), (c, −s), (−s, −c), (−c, s).
+    const __m512i one = _mm512_set1_epi64(1);
+    const __mmask8 odd = _mm512_test_epi64_mask(q[i], one);
+    const __mmask8 sin_negative = _mm512_test_epi64_mask(q[i], _mm512_set1_epi64(2));
+    const __mmask8 cos_negative =
+        _mm512_test_epi64_mask(_mm512_xor_si512(q[i], _mm512_srli_epi64(q[i], 1)), one);
+    const __m512d sign = _mm512_set1_pd(-0.0);
+    const __m512d sin_value = _mm512_mask_blend_pd(odd, s, c);
+    const __m512d cos_value = _mm512_mask_blend_pd(odd, c, s);
+    sin[i] = _mm512_mask_xor_pd(sin_value, sin_negative, sin_value, sign);
+    cos[i] = _mm512_mask_xor_pd(cos_value, cos_negative, cos_value, sign);
+  }
+}
+
+// Box–Muller: standard normals r·cos 2πu2 and r·sin 2πu2.
+template <int N>
+void box_muller_n(const __m512d (&u1)[N], const __m512d (&u2)[N], __m512d (&cos_value)[N],
+                  __m512d (&sin_value)[N]) {
+  __m512d log_u1[N], s[N], c[N];
+  log_n<N>(u1, log_u1);
+  sincos_2pi_n<N>(u2, s, c);
+  for (int i = 0; i < N; ++i) {
+    const __m512d r = _mm512_sqrt_pd(-2.0 * log_u1[i]);
+    cos_value[i] = r * c[i];
+    sin_value[i] = r * s[i];
+  }
+}
+
+// float32 to float16 bits, to nearest even; NaN becomes the sign and 0x7E00, as c10::Half does.
+__m256i to_half(__m512 f) {
+  const __m256i h = _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+  const __m256i quiet =
+      _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi16(-0x8000)), _mm256_set1_epi16(0x7E00));
+  return _mm256_mask_blend_epi16(nan, h, quiet);
+}
+
+// float32 to bfloat16 bits, to nearest even; NaN becomes 0x7FC0, as c10::BFloat16 does.
+__m256i to_bfloat16(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i bias = _mm512_add_epi32(
+      _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7FFF));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, _mm512_set1_epi32(0x7FC0)));
+}
+
+__m512 from_bfloat16(__m256i b) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+// Uniform's last step: a value that rounds to `to` becomes `from` (compared in the dtype).
+struct Wrap {
+  bool enabled = false;
+  double to = 0, from = 0;     // for float64
+  float to_f = 0, from_f = 0;  // for float32, and the float32 value of to in 16-bit dtypes
+  uint16_t from_bits = 0;      // from, in a 16-bit dtype
+};
+
+template <Dtype D>
+Wrap make_wrap(bool enabled, double from, double to) {
+  Wrap w;
+  w.enabled = enabled;
+  w.to = to;
+  w.from = from;
+  w.to_f = static_cast<float>(to);
+  w.from_f = static_cast<float>(from);
+  if constexpr (D == Dtype::kHalf) {
+    w.to_f = _mm512_cvtss_f32(_mm512_cvtph_ps(to_half(_mm512_set1_ps(w.to_f))));
+    w.from_bits = static_cast<uint16_t>(
+        _mm256_extract_epi16(to_half(_mm512_set1_ps(static_cast<float>(from))), 0));
+  } else if constexpr (D == Dtype::kBFloat16) {
+    w.to_f = _mm512_cvtss_f32(from_bfloat16(to_bfloat16(_mm512_set1_ps(w.to_f))));
+    w.from_bits = static_cast<uint16_t>(
+        _mm256_extract_epi16(to_bfloat16(_mm512_set1_ps(static_cast<float>(from))), 0));
+  }
+  return w;
+}
+
+// Stores 16 consecutive values, computed in double, rounded to D.
+template <Dtype D>
+void store16(void* out, int64_t index, __m512d lo, __m512d hi, const Wrap& wrap) {
+  if constexpr (D == Dtype::kDouble) {
+    if (wrap.enabled) {
+      const __m512d to = _mm512_set1_pd(wrap.to);
+      const __m512d from = _mm512_set1_pd(wrap.from);
+      lo = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(lo, to, _CMP_EQ_OQ), lo, from);
+      hi = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(hi, to, _CMP_EQ_OQ), hi, from);
+    }
+    double* dst = static_cast<double*>(out) + index;
+    _mm512_storeu_pd(dst, lo);
+    _mm512_storeu_pd(dst + 8, hi);
+    return;
+  }
+  const __m512 f =
+      _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
+  if constexpr (D == Dtype::kFloat) {
+    const __mmask16 wrapped =
+        wrap.enabled ? _mm512_cmp_ps_mask(f, _mm512_set1_ps(wrap.to_f), _CMP_EQ_OQ) : 0;
+    _mm512_storeu_ps(static_cast<float*>(out) + index,
+                     _mm512_mask_blend_ps(wrapped, f, _mm512_set1_ps(wrap.from_f)));
+  } else {
+    __m256i bits;
+    __m512 value;
+    if constexpr (D == Dtype::kHalf) {
+      bits = to_half(f);
+      value = _mm512_cvtph_ps(bits);
+    } else {
+      bits = to_bfloat16(f);
+      value = from_bfloat16(bits);
+    }
+    const __mmask16 wrapped =
+        wrap.enabled ? _mm512_cmp_ps_mask(value, _mm512_set1_ps(wrap.to_f), _CMP_EQ_OQ) : 0;
+    bits = _mm256_mask_blend_epi16(wrapped, bits,
+                                   _mm256_set1_epi16(static_cast<short>(wrap.from_bits)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + index), bits);
+  }
+}
+
+// Eight Box–Muller pairs as 16 consecutive elements: c0 s0 c1 s1 ... (the even element cos).
+void interleave(__m512d c, __m512d s, __m512d* lo, __m512d* hi) {
+  *lo = _mm512_permutex2var_pd(c, _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11), s);
+  *hi = _mm512_permutex2var_pd(c, _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15), s);
+}
+
+// 32-bit draws: 16 elements per vector of words.
+template <Dtype D>
+void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVectors],
+                  const Wrap& wrap) {
+  if (job.op == Op::kNormal) {
+    // Each 64-bit lane is one pair: u1 from its low word, u2 from its high word.
+    for (int v = 0; v < kGroupVectors; v += 2) {
+      __m512d u1[2], u2[2], c[2], s[2];
+      for (int i = 0; i < 2; ++i) {
+        const __m512i w = words[v + i];
+        u1[i] = (_mm512_cvtepu32_pd(_mm512_cvtepi64_epi32(w)) + 1.0) / kTwoPow32;
+        u2[i] = _mm512_cvtepu32_pd(_mm512_cvtepi64_epi32(_mm512_srli_epi64(w, 32))) / kTwoPow32;
+      }
+      box_muller_n<2>(u1, u2, c, s);
+      for (int i = 0; i < 2; ++i) {
+        __m512d lo, hi;
+        interleave(job.a + job.b * c[i], job.a + job.b * s[i], &lo, &hi);
+        store16<D>(job.out, index + 16 * (v + i), lo, hi, wrap);
+      }
+    }
+    return;
+  }
+  for (int v = 0; v < kGroupVectors; ++v) {
+    __m512d lo, hi;
+    switch (job.op) {
+      case Op::kUniform: {
+        // a + (b − a)·u, u = (w >> 8)·2^-24.
+        words_to_double(_mm512_srli_epi32(words[v], 8), &lo, &hi);
+        const double range = job.b - job.a;
+        lo = job.a + range * (lo * 0x1p-24);
+        hi = job.a + range * (hi * 0x1p-24);
+        break;
+      }
+      case Op::kBernoulli: {
+        words_to_double(words[v], &lo, &hi);
+        const __m512d p = _mm512_set1_pd(job.a);
+        const __mmask8 lo_true = _mm512_cmp_pd_mask(lo / kTwoPow32, p, _CMP_LT_OQ);
+        const __mmask8 hi_true = _mm512_cmp_pd_mask(hi / kTwoPow32, p, _CMP_LT_OQ);
+        lo = _mm512_maskz_mov_pd(lo_true, _mm512_set1_pd(1.0));
+        hi = _mm512_maskz_mov_pd(hi_true, _mm512_set1_pd(1.0));
+        break;
+      }
+      case Op::kExponential: {
+        words_to_double(words[v], &lo, &hi);
+        const __m512d u[2] = {(lo + 1.0) / kTwoPow32, (hi + 1.0) / kTwoPow32};
+        __m512d log_u[2];
+        log_n<2>(u, log_u);
+        lo = -log_u[0] / job.a;
+        hi = -log_u[1] / job.a;
+        break;
+      }
+      case Op::kNormal:
+        break;
+    }
+    store16<D>(job.out, index + 16 * v, lo, hi, wrap);
+  }
+}
+
+// The top 53 bits of 64-bit draws, as doubles.
+__m512d top53(__m512i x) { return _mm512_cvtepu64_pd(_mm512_srli_epi64(x, 11)); }
+
+// 64-bit draws (float64 only): 8 elements per vector of words.
+void wide_group(const Job& job, int64_t index, const __m512i words[kGroupVectors],
+                const Wrap& wrap) {
+  double* out = static_cast<double*>(job.out) + index;
+  if (job.op == Op::kNormal) {
+    // A pair per block: u1 from the block's first 64-bit word, u2 from its second.
+    const __m512i first = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m512i second = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+    for (int v = 0; v < kGroupVectors; v += 4) {
+      __m512d u1[2], u2[2], c[2], s[2];
+      for (int i = 0; i < 2; ++i) {
+        const __m512i a = words[v + 2 * i];
+        const __m512i b = words[v + 2 * i + 1];
+        u1[i] = (top53(_mm512_permutex2var_epi64(a, first, b)) + 1.0) * 0x1p-53;
+        u2[i] = top53(_mm512_permutex2var_epi64(a, second, b)) * 0x1p-53;
+      }
+      box_muller_n<2>(u1, u2, c, s);
+      for (int i = 0; i < 2; ++i) {
+        __m512d lo, hi;
+        interleave(job.a + job.b * c[i], job.a + job.b * s[i], &lo, &hi);
+        _mm512_storeu_pd(out + 8 * (v + 2 * i), lo);
+        _mm512_storeu_pd(out + 8 * (v + 2 * i) + 8, hi);
+      }
+    }
+    return;
+  }
+  if (job.op == Op::kExponential) {
+    for (int v = 0; v < kGroupVectors; v += 2) {
+      const __m512d u[2] = {(top53(words[v]) + 1.0) * 0x1p-53,
+                            (top53(words[v + 1]) + 1.0) * 0x1p-53};
+      __m512d log_u[2];
+      log_n<2>(u, log_u);
+      _mm512_storeu_pd(out + 8 * v, -log_u[0] / job.a);
+      _mm512_storeu_pd(out + 8 * v + 8, -log_u[1] / job.a);
+    }
+    return;
+  }
+  for (int v = 0; v < kGroupVectors; ++v) {
+    __m512d value = job.a + (job.b - job.a) * (top53(words[v]) * 0x1p-53);
+    const __mmask8 wrapped = _mm512_cmp_pd_mask(value, _mm512_set1_pd(wrap.to), _CMP_EQ_OQ);
+    value = _mm512_mask_blend_pd(wrapped, value, _mm512_set1_pd(wrap.from));
+    _mm512_storeu_pd(out + 8 * v, value);
+  }
+}
+
+template <Dtype D>
+int64_t fill(const Job& job) {
+  const bool wide = D == Dtype::kDouble && job.op != Op::kBernoulli;
+  const int64_t per_block = wide ? 2 : 4;
+  const int64_t per_group = per_block * kGroupBlocks;
+  const int64_t groups = job.count / per_group;
+  const Wrap wrap = make_wrap<D>(job.op == Op::kUniform, job.a, job.b);
+  const uint64_t first_block = job.first / per_block;
+  __m512i words[kGroupVectors];
+  for (int64_t g = 0; g < groups; ++g) {
+    philox(first_block + kGroupBlocks * static_cast<uint64_t>(g), job.stream, job.seed, words);
+    if (wide) {
+      wide_group(job, g * per_group, words, wrap);
+    } else {
+      narrow_group<D>(job, g * per_group, words, wrap);
+    }
+  }
+  return groups * per_group;
+}
+
+}  // namespace
+
+int64_t fill_avx512(const Job& job) {
+  switch (job.dtype) {
+    case Dtype::kFloat:
+      return fill<Dtype::kFloat>(job);
+    case Dtype::kDouble:
+      return fill<Dtype::kDouble>(job);
+    case Dtype::kHalf:
+      return fill<Dtype::kHalf>(job);
+    case Dtype::kBFloat16:
+      return fill<Dtype::kBFloat16>(job);
+  }
+  return 0;
+}
+
+}  // namespace torchdefer::counter_simd
