@@ -11,6 +11,12 @@ macro(torchdefer_find_torch)
       OUTPUT_STRIP_TRAILING_WHITESPACE
       RESULT_VARIABLE _torchdefer_torch_result)
     if(NOT _torchdefer_torch_result EQUAL 0)
+      if(SKBUILD)
+        message(FATAL_ERROR
+          "torchdefer needs torch, and ${Python3_EXECUTABLE} cannot import it. pip builds in an "
+          "isolated environment without torch unless told otherwise: install torch first "
+          "(pip install torch==2.13.0), then `pip install --no-build-isolation .`.")
+      endif()
       message(FATAL_ERROR
         "torchdefer needs LibTorch. Install PyTorch (pip install torch==2.13.0) or pass "
         "-DCMAKE_PREFIX_PATH=<libtorch>/share/cmake.")

@@ -4,6 +4,7 @@
 
 #include <torch/csrc/utils/pybind.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,9 +54,22 @@ class FakeModeContext {
 using NamedBoxes =
     std::unordered_map<std::string, std::pair<std::vector<int64_t>, std::vector<int64_t>>>;
 
+// A Python progress callable as a MaterializeOptions::progress callback. The replay runs without
+// the GIL, so each call takes it; the callable is held through a shared_ptr so that copies of
+// the options never touch Python reference counts without the GIL. An exception it raises
+// propagates out of the replay, which then leaves everything fake (Note [Progress]).
+std::function<void(const MaterializeProgress&)> python_progress(py::function progress) {
+  auto callable = std::make_shared<py::function>(std::move(progress));
+  return [callable](const MaterializeProgress& p) {
+    py::gil_scoped_acquire gil;
+    (*callable)(p.done, p.total, p.op);
+  };
+}
+
 MaterializeOptions make_options(std::optional<c10::Device> device, std::optional<std::string> rng,
                                 std::optional<uint64_t> counter_seed, std::optional<Shard> shard,
-                                std::optional<NamedBoxes> regions) {
+                                std::optional<NamedBoxes> regions,
+                                std::optional<py::function> progress) {
   MaterializeOptions options;
   if (device) {
     options.device(*device);
@@ -77,6 +91,9 @@ MaterializeOptions make_options(std::optional<c10::Device> device, std::optional
       return it == boxes.end() ? std::nullopt
                                : std::optional<Box>(Box{it->second.first, it->second.second});
     });
+  }
+  if (progress) {
+    options.progress(python_progress(std::move(*progress)));
   }
   return options;
 }
@@ -114,7 +131,11 @@ PYBIND11_MODULE(_C, m) {
       .def("__enter__", &FakeModeContext::enter)
       .def("__exit__", [](FakeModeContext& self, py::args) { self.exit(); });
 
-  py::class_<Shard>(m, "Shard", "This rank's slice of every parameter: torch.chunk semantics.")
+  py::class_<Shard>(m, "Shard",
+                    "Shard(rank, world_size, dim=0, padded=False): rank `rank` of `world_size` "
+                    "slices every parameter along `dim` with torch.chunk semantics. Tensors with "
+                    "no dimension `dim` stay whole; with padded=True each local tensor has the "
+                    "chunk size along `dim`, zeros past the end (as FSDP2 pads).")
       .def(py::init<int64_t, int64_t, int64_t, bool>(), py::arg("rank"), py::arg("world_size"),
            py::arg("dim") = 0, py::arg("padded") = false)
       .def_readonly("rank", &Shard::rank)
@@ -146,13 +167,13 @@ PYBIND11_MODULE(_C, m) {
       [](const std::vector<std::tuple<std::string, at::Tensor, bool>>& entries,
          std::optional<c10::Device> device, std::optional<std::string> rng,
          std::optional<uint64_t> counter_seed, std::optional<Shard> shard,
-         std::optional<NamedBoxes> regions) {
+         std::optional<NamedBoxes> regions, std::optional<py::function> progress) {
         std::vector<NamedTensor> tensors;
         for (const auto& [name, tensor, parameter] : entries) {
           tensors.push_back({name, tensor, parameter});
         }
         const MaterializeOptions options =
-            make_options(device, rng, counter_seed, shard, std::move(regions));
+            make_options(device, rng, counter_seed, shard, std::move(regions), std::move(progress));
         MaterializeStats stats;
         {
           py::gil_scoped_release no_gil;
@@ -166,5 +187,5 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("entries"), py::arg("device") = py::none(), py::arg("rng") = py::none(),
       py::arg("counter_seed") = py::none(), py::arg("shard") = py::none(),
-      py::arg("regions") = py::none());
+      py::arg("regions") = py::none(), py::arg("progress") = py::none());
 }

@@ -9,6 +9,7 @@
 #include <c10/util/StringUtil.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <unordered_set>
@@ -162,6 +163,10 @@ MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
   std::vector<at::Tensor> whole_tensors;
   std::vector<std::pair<at::Tensor, at::Tensor>> shards;  // fake, local
   std::vector<ShardInfo> infos;
+  std::vector<std::string> whole_names;
+  const auto fakes = std::count_if(tensors.begin(), tensors.end(),
+                                   [](const NamedTensor& entry) { return is_fake(entry.tensor); });
+  detail::ProgressReporter progress(options, fakes);
   for (const NamedTensor& entry : tensors) {
     if (!is_fake(entry.tensor)) {
       continue;
@@ -174,6 +179,7 @@ MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
       tensor_stats.bytes_computed = tensor_stats.bytes_kept =
           static_cast<int64_t>(entry.tensor.nbytes());
       whole_tensors.push_back(entry.tensor);
+      whole_names.push_back(entry.name);
       stats.tensors.push_back(std::move(tensor_stats));
       continue;
     }
@@ -183,8 +189,12 @@ MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
     infos.push_back({entry.tensor.sizes().vec(), *box, local.sizes().vec() != box->sizes()});
     shards.emplace_back(entry.tensor, std::move(local));
     stats.tensors.push_back(std::move(tensor_stats));
+    progress.step(entry.name);
   }
-  detail::materialize_tensors_in_place(whole_tensors, options);
+  detail::materialize_tensors_in_place(whole_tensors, options, /*report_progress=*/false);
+  for (const std::string& name : whole_names) {
+    progress.step(name);
+  }
   for (size_t i = 0; i < shards.size(); ++i) {
     const auto& [fake, local] = shards[i];
     fake_impl(fake)->shallow_copy_from(local.getIntrusivePtr());

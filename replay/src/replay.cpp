@@ -362,13 +362,13 @@ void GraphReplay::run_node(int64_t index) {
   }
 }
 
-void GraphReplay::execute() {
+void GraphReplay::execute(ProgressReporter* progress) {
   // Fakes of other recordings that these nodes read are materialized first (they are real
   // afterwards, and input_tensor() takes them as they are).
   for (const int64_t index : nodes_) {
     for (const RecordedInput& input : graph_->nodes()[index].inputs) {
       if (input.kind == RecordedInput::Kind::kForeignFake && is_fake(input.tensor)) {
-        materialize_tensors_in_place({input.tensor}, options_);
+        materialize_tensors_in_place({input.tensor}, options_, /*report_progress=*/false);
       }
     }
   }
@@ -376,12 +376,10 @@ void GraphReplay::execute() {
                                                c10::DispatchKeySet(kDeferredInitKey));
   c10::AutoGradMode no_grad(false);
   GeneratorRestorer restore_generator;
-  int64_t done = 0;
-  const int64_t total = static_cast<int64_t>(nodes_.size());
   for (const int64_t index : nodes_) {
     run_node(index);
-    if (options_.progress()) {
-      options_.progress()({++done, total, op_name(graph_->nodes()[index])});
+    if (progress != nullptr) {
+      progress->step(op_name(graph_->nodes()[index]));
     }
   }
   views_.reserve(targets_.size());
@@ -409,7 +407,7 @@ void GraphReplay::commit() noexcept {
 }
 
 void materialize_tensors_in_place(const std::vector<at::Tensor>& tensors,
-                                  const MaterializeOptions& options) {
+                                  const MaterializeOptions& options, bool report_progress) {
   std::map<const OpGraph*, std::unique_ptr<GraphReplay>> replays;
   for (const at::Tensor& t : tensors) {
     if (!is_fake(t)) {
@@ -430,8 +428,13 @@ void materialize_tensors_in_place(const std::vector<at::Tensor>& tensors,
     replay->plan();
     replay->validate();
   }
+  int64_t total = 0;
   for (auto& [graph, replay] : replays) {
-    replay->execute();
+    total += replay->planned_nodes();
+  }
+  ProgressReporter progress(options, total);
+  for (auto& [graph, replay] : replays) {
+    replay->execute(report_progress ? &progress : nullptr);
   }
   for (auto& [graph, replay] : replays) {
     replay->commit();

@@ -8,13 +8,34 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
 
+#include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <vector>
 
 namespace torchdefer::detail {
+
+// Reports to MaterializeOptions::progress, counting across one whole materialization call
+// (Note [Progress]). Does nothing without a callback.
+class ProgressReporter {
+ public:
+  ProgressReporter(const MaterializeOptions& options, int64_t total)
+      : callback_(options.progress()), total_(total) {}
+  void step(const std::string& what) {
+    if (callback_) {
+      callback_({++done_, total_, what});
+    }
+  }
+
+ private:
+  const std::function<void(const MaterializeProgress&)>& callback_;
+  int64_t done_ = 0;
+  int64_t total_;
+};
 
 // Materializes fakes of one OpGraph: plan(), validate(), execute(), commit(), in that order
 // (Note [Replay is all or nothing]).
@@ -32,8 +53,10 @@ class GraphReplay {
   void plan();
   // Raises, naming the op or tensor, for anything that would make execute() fail or lie.
   void validate();
-  // Runs the planned nodes into storages private to this replay.
-  void execute();
+  // After plan(): how many nodes execute() will run.
+  int64_t planned_nodes() const { return static_cast<int64_t>(nodes_.size()); }
+  // Runs the planned nodes into storages private to this replay, reporting each to `progress`.
+  void execute(ProgressReporter* progress = nullptr);
   // Turns every target real, in place. Cannot fail.
   void commit() noexcept;
   // After execute(): the real tensor target `i` would become, without turning it real.
@@ -68,8 +91,9 @@ class GraphReplay {
 // Records in a materialized shard what it holds (read back by shard_info()).
 void set_shard_info(const at::Tensor& t, ShardInfo info);
 
-// materialize_tensors() without argument checks: groups fakes by graph and replays each group.
+// materialize_tensors() without argument checks: groups fakes by graph and replays each group,
+// reporting each replayed node to the progress callback when `report_progress`.
 void materialize_tensors_in_place(const std::vector<at::Tensor>& tensors,
-                                  const MaterializeOptions& options);
+                                  const MaterializeOptions& options, bool report_progress = true);
 
 }  // namespace torchdefer::detail

@@ -328,17 +328,58 @@ TEST(Materialize, ReplaysWrappedNumbersWithTheirPromotion) {
   EXPECT_TRUE(bitwise_equal(deferred, eager));
 }
 
-TEST(Materialize, ReportsProgress) {
+// Every step of one call, in order, as (done, total, op).
+std::vector<MaterializeProgress> steps_of(
+    const std::function<void(const MaterializeOptions&)>& call, MaterializeOptions options = {}) {
+  std::vector<MaterializeProgress> steps;
+  call(options.progress([&](const MaterializeProgress& p) { steps.push_back(p); }));
+  return steps;
+}
+
+void expect_counts_one_to_total(const std::vector<MaterializeProgress>& steps) {
+  ASSERT_FALSE(steps.empty());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i].done, static_cast<int64_t>(i) + 1);
+    EXPECT_EQ(steps[i].total, static_cast<int64_t>(steps.size()));
+  }
+}
+
+TEST(Materialize, ReportsProgressPerOpAcrossEveryRecordingOfTheCall) {
+  auto first = deferred_init<nn::Linear>(8, 8);
+  auto second = deferred_init<nn::Linear>(4, 4);
+  const auto steps = steps_of([&](const MaterializeOptions& options) {
+    materialize_tensors({first->weight, first->bias, second->weight}, options);
+  });
+  expect_counts_one_to_total(steps);
+  EXPECT_THAT(steps.front().op, HasSubstr("aten::"));
+}
+
+TEST(Materialize, ReportsProgressPerTensorWhenSharding) {
+  auto model = deferred_init<nn::BatchNorm1d>(6);
+  const auto steps =
+      steps_of([&](const MaterializeOptions& options) { materialize_module(*model, options); },
+               MaterializeOptions().shard(Shard{1, 2}));
+  expect_counts_one_to_total(steps);
+  std::vector<std::string> names;
+  for (const MaterializeProgress& p : steps) {
+    names.push_back(p.op);
+  }
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("weight", "bias", "running_mean",
+                                                     "running_var", "num_batches_tracked"));
+}
+
+TEST(Materialize, AProgressCallbackThatThrowsLeavesEverythingFake) {
   auto model = deferred_init<nn::Linear>(8, 8);
-  int64_t calls = 0;
-  int64_t total = 0;
-  materialize_module(*model, MaterializeOptions().progress([&](const MaterializeProgress& p) {
-    ++calls;
-    total = p.total;
-    EXPECT_LE(p.done, p.total);
-  }));
-  EXPECT_EQ(calls, total);
-  EXPECT_GT(total, 0);
+  for (const MaterializeOptions& options :
+       {MaterializeOptions(), MaterializeOptions().shard(Shard{0, 2})}) {
+    MaterializeOptions throwing = options;
+    throwing.progress([](const MaterializeProgress&) { throw std::runtime_error("stop"); });
+    EXPECT_THROW(materialize_module(*model, throwing), std::runtime_error);
+    EXPECT_TRUE(is_fake(model->weight));
+    EXPECT_TRUE(is_fake(model->bias));
+  }
+  materialize_module(*model);
+  EXPECT_FALSE(is_deferred(*model));
 }
 
 TEST(Materialize, FreesTheGraphOnceEverythingIsReal) {

@@ -291,7 +291,7 @@ def test_bad_input_gets_clear_errors_and_loses_nothing():
         torchdefer.deferred_init(42)
     with pytest.raises(TypeError, match="expects an nn.Module"):
         torchdefer.materialize_module("not a module")
-    with pytest.raises(RuntimeError, match="rng must be"):
+    with pytest.raises(ValueError, match="rng must be"):
         torchdefer.materialize_module(torchdefer.deferred_init(torch.nn.Linear, 2, 2), rng="fast")
 
     def broken():

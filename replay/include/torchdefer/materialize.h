@@ -54,7 +54,16 @@ struct MaterializeStats {
   std::string to_string() const;
 };
 
-// Reported to a progress callback after each replayed operation.
+// Note [Progress]
+// ~~~~~~~~~~~~~~~
+// A progress callback is called after each step of one materialization call, `done` counting
+// from 1 to `total` over the whole call. A full replay's step is one replayed operation (`op`
+// is its name, e.g. "aten::normal_"), counted over every recording the call replays, so that a
+// long single replay shows movement. A sharded call's step is one tensor (`op` is its qualified
+// name): region replay plans each tensor's operations only when it computes that tensor, so
+// their number is not known up front. Fakes of other recordings that a replay reads are
+// materialized on the way and not counted. An exception thrown by the callback aborts the call,
+// which then leaves everything fake (Note [Replay is all or nothing]).
 struct MaterializeProgress {
   int64_t done = 0;
   int64_t total = 0;
@@ -105,6 +114,7 @@ class MaterializeOptions {
     buffers_only_ = buffers_only;
     return *this;
   }
+  // Called after each step (Note [Progress]).
   MaterializeOptions& progress(std::function<void(const MaterializeProgress&)> progress) {
     progress_ = std::move(progress);
     return *this;
