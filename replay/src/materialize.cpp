@@ -98,14 +98,6 @@ std::optional<Box> box_of(const NamedTensor& entry, const MaterializeOptions& op
   return box;
 }
 
-at::Tensor slice(const at::Tensor& t, const Box& box) {
-  at::Tensor part = t;
-  for (size_t d = 0; d < box.start.size(); ++d) {
-    part = part.narrow(static_cast<int64_t>(d), box.start[d], box.stop[d] - box.start[d]);
-  }
-  return part;
-}
-
 // A shard that owns exactly its elements, padded to the chunk size when the options ask.
 at::Tensor own(at::Tensor local, const Box& box, const MaterializeOptions& options,
                const NamedTensor& entry) {
@@ -154,7 +146,7 @@ at::Tensor compute_shard(const NamedTensor& entry, const Box& box,
   whole_tensor.execute();
   const at::Tensor& full = whole_tensor.result(0);
   stats.bytes_computed = static_cast<int64_t>(full.nbytes());
-  return own(slice(full, box), box, options, entry);
+  return own(detail::slice(full, box), box, options, entry);
 }
 
 MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,

@@ -243,6 +243,8 @@ std::optional<Box> broadcast_box(c10::IntArrayRef input, c10::IntArrayRef output
   return box;
 }
 
+}  // namespace
+
 at::Tensor slice(const at::Tensor& t, const Box& box) {
   at::Tensor part = t;
   for (size_t d = 0; d < box.start.size(); ++d) {
@@ -250,8 +252,6 @@ at::Tensor slice(const at::Tensor& t, const Box& box) {
   }
   return part;
 }
-
-}  // namespace
 
 RegionReplay::RegionReplay(std::shared_ptr<OpGraph> graph, const MaterializeOptions& options)
     : graph_(*graph),

@@ -85,4 +85,7 @@ class RegionReplay {
   int64_t bytes_computed_ = 0;
 };
 
+// The view of `t` that is `box` of it.
+at::Tensor slice(const at::Tensor& t, const Box& box);
+
 }  // namespace torchdefer::detail
