@@ -350,8 +350,8 @@ NOT_TINY_CAUSAL: List[str] = [
 # Builds small, but torchdefer cannot record or replay it (docs/python.md, Known limits), with why.
 # Empty now: the drop-path schedules read during construction
 # ([x.item() for x in torch.linspace(0, drop_path_rate, depth, device="cpu")], or .tolist()) that
-# kept clap, data2vec-vision, glpn, pvt_v2, qianfan_ocr, seggpt, timesformer and vitdet here are
-# read from the recording (Note [Reading values while recording]).
+# kept clap, data2vec-vision, glpn, pvt_v2, qianfan_ocr(_vision), seggpt, timesformer and vitdet here
+# are read from the recording (Note [Reading values while recording]).
 TORCHDEFER_LIMITS: Dict[str, str] = {}
 
 
