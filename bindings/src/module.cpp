@@ -151,6 +151,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("is_fake", [](const at::Tensor& t) { return is_fake(t); });
   m.def("describe", [](const at::Tensor& t) { return describe(t); });
   m.def("explain", [](const at::Tensor& t) { return explain(t); });
+  m.def("read_values", [](const at::Tensor& t) { return read_values(t); });
   m.def("shard_info", [](const at::Tensor& t) -> py::object {
     const std::optional<ShardInfo> info = shard_info(t);
     if (!info) {

@@ -303,8 +303,13 @@ def is_deferred(module: torch.nn.Module) -> bool:
     )
 
 
-# Three Tensor methods that cannot handle a fake as torch implements them:
+# Tensor methods that cannot handle a fake as torch implements them:
 #  * __repr__ reads values; a fake describes itself instead;
+#  * tolist and numpy (and so numpy.asarray, through __array__) read memory without the dispatcher;
+#    inside deferred_init they read the values of the recording's fakes the way item() does, by
+#    replaying them into a private copy (Note [Reading values while recording]), and refuse other
+#    fakes with a message. (item, float(), int(), bool() and indexing with a tensor reach the
+#    dispatcher, where the recorder answers them.)
 #  * new_tensor and the legacy new() derive their options from the key set with
 #    c10::legacyExtractDispatchKey, which does not know the Fake and DeferredInit keys ("DispatchKey
 #    DeferredInit doesn't correspond to a device"); for a fake they return a fake of the same dtype
@@ -313,12 +318,28 @@ def is_deferred(module: torch.nn.Module) -> bool:
 _original_repr = torch.Tensor.__repr__
 _original_new_tensor = torch.Tensor.new_tensor
 _original_new = torch.Tensor.new
+_original_tolist = torch.Tensor.tolist
+_original_numpy = torch.Tensor.numpy
 
 
 def _repr(self: torch.Tensor, *args: Any, **kwargs: Any) -> str:
     if _C.is_fake(self):
         return f"FakeTensor({_C.describe(self)}, requires_grad={self.requires_grad})"
     return _original_repr(self, *args, **kwargs)
+
+
+def _tolist(self: torch.Tensor) -> Any:
+    if not _C.is_fake(self):
+        return _original_tolist(self)
+    return _original_tolist(_C.read_values(self))
+
+
+def _numpy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    if not _C.is_fake(self):
+        return _original_numpy(self, *args, **kwargs)
+    # requires_grad kept, so that numpy() refuses (or, with force=True, accepts) as it does in eager.
+    values = _C.read_values(self).requires_grad_(self.requires_grad)
+    return _original_numpy(values, *args, **kwargs)
 
 
 def _new_tensor(self: torch.Tensor, data: Any, dtype=None, device=None, requires_grad=False, **kwargs):
@@ -350,3 +371,5 @@ def _new(self: torch.Tensor, *args: Any, device: DeviceLike = None) -> torch.Ten
 torch.Tensor.__repr__ = _repr  # type: ignore[method-assign]
 torch.Tensor.new_tensor = _new_tensor  # type: ignore[method-assign]
 torch.Tensor.new = _new  # type: ignore[method-assign]
+torch.Tensor.tolist = _tolist  # type: ignore[method-assign]
+torch.Tensor.numpy = _numpy  # type: ignore[method-assign]

@@ -1,6 +1,7 @@
 // The boxed fallback registered for kFakeKey: runs every operator on fake tensors as the same
 // operator on their meta shadows, and wraps the results as fakes on the right device.
 #include <torchdefer/boxed_arguments.h>
+#include <torchdefer/data_dependent_ops.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/torch_compat.h>
@@ -29,8 +30,9 @@ namespace {
 // reaches fake_fallback() after autograd and ADInplaceOrView ran above it (Note [Dispatch keys]).
 // The fallback never touches data. It
 //
-//  1. refuses data-dependent ops (item, nonzero, unique, ...) with a message naming the op and the
-//     tensor: their result depends on values a fake does not have;
+//  1. refuses data-dependent ops (item, nonzero, unique, ...; data_dependent_api()) with a message
+//     naming the op and the tensor: their result depends on values a fake does not have (inside
+//     deferred_init the recorder answers them first: Note [Reading values while recording]);
 //  2. refuses writes of fake results into real tensors (`real.add_(fake)`): the real tensor would
 //     end up with values nobody computed;
 //  3. decides the output device the way a real kernel would: an explicit `device=` argument wins,
@@ -54,35 +56,6 @@ struct TensorUse {
 };
 
 bool is_cpu_scalar(const at::Tensor& t) { return t.dim() == 0 && t.device().is_cpu(); }
-
-// Returns how users call a data-dependent op, or nullptr if `op` does not read tensor values to
-// decide its output's shape or a host value.
-const char* data_dependent_api(std::string_view op) {
-  static constexpr std::pair<std::string_view, const char*> kOps[] = {
-      {"aten::_local_scalar_dense", "Tensor::item()"},
-      {"aten::item", "Tensor::item()"},
-      {"aten::is_nonzero", "bool(Tensor)"},
-      {"aten::equal", "torch::equal"},
-      {"aten::nonzero", "Tensor::nonzero()"},
-      {"aten::nonzero_numpy", "Tensor::nonzero()"},
-      {"aten::argwhere", "torch::argwhere"},
-      {"aten::masked_select", "torch::masked_select"},
-      {"aten::unique_consecutive", "torch::unique_consecutive"},
-      {"aten::unique_dim", "torch::unique"},
-      {"aten::unique_dim_consecutive", "torch::unique_consecutive"},
-      {"aten::_unique", "torch::unique"},
-      {"aten::_unique2", "torch::unique"},
-      {"aten::bincount", "torch::bincount"},
-      {"aten::histc", "torch::histc"},
-      {"aten::_assert_async", "torch::_assert_async"},
-  };
-  for (const auto& [name, api] : kOps) {
-    if (name == op) {
-      return api;
-    }
-  }
-  return nullptr;
-}
 
 // Ops whose real kernels accept tensors on different devices (cross-device copies, CPU index
 // tensors into an accelerator tensor) and apply their own device rules.
@@ -168,20 +141,10 @@ class FakeCall {
                         &stack_);
   }
 
-  // torch::equal(a, b) is true without reading data when a and b are the same view of the same
-  // storage: ATen's own kernels take that shortcut too, and the C++ MultiheadAttention asks
-  // equal(query, key) to detect self-attention.
+  // torch::equal(a, b) of the same view needs no data (same_fake_view()).
   bool answer_equal_of_identical_views() {
-    if (schema_.name() != "aten::equal" || tensors_.size() != 2) {
-      return false;
-    }
-    const at::Tensor& a = tensors_[0].tensor;
-    const at::Tensor& b = tensors_[1].tensor;
-    const FakeTensorImpl* fa = fake_impl(a);
-    const FakeTensorImpl* fb = fake_impl(b);
-    if (fa == nullptr || fb == nullptr || fa->storage_identity() != fb->storage_identity() ||
-        a.storage_offset() != b.storage_offset() || a.sizes() != b.sizes() ||
-        a.strides() != b.strides() || a.scalar_type() != b.scalar_type()) {
+    if (schema_.name() != "aten::equal" || tensors_.size() != 2 ||
+        !same_fake_view(tensors_[0].tensor, tensors_[1].tensor)) {
       return false;
     }
     torch::jit::drop(stack_, schema_.arguments().size());

@@ -1,10 +1,12 @@
 // Recording: the boxed fallback on kDeferredInitKey that appends every operator on fakes to an
 // OpGraph, and the RecordingScope that deferred_init opens.
 #include <torchdefer/boxed_arguments.h>
+#include <torchdefer/data_dependent_ops.h>
 #include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/torch_compat.h>
+#include <torchdefer/value_reader.h>
 
 #include "torch_rng.h"
 
@@ -16,6 +18,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +28,36 @@ namespace {
 
 // The graph the innermost RecordingScope on this thread records into.
 thread_local std::shared_ptr<OpGraph> tls_graph;
+
+// Provided by the replay engine (value_reader.h).
+detail::ValueReader value_reader = nullptr;
+
+// Note [Reading values while recording]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Model code reads small tensors while it builds itself: drop-path schedules are
+// `[x.item() for x in torch.linspace(0, rate, depth)]` in timm and in many transformers vision
+// models, and a constructor may branch on `torch::rand({1}).item<double>()`. Under deferred_init
+// those tensors are fakes and have no values, so the Fake layer would refuse such an op
+// (data_dependent_api()). Instead, when a data-dependent op's fake arguments are all fakes of the
+// recording in progress on this thread, the recorder asks the value reader for a real, private
+// copy of each, runs the op on the copies with both of torchdefer's keys excluded, and returns the
+// real result: a Scalar for item(), a real tensor for nonzero() (which later recorded ops capture
+// as any real input). The op itself is not recorded: whatever it produced is real.
+//
+// The reader (the replay engine's, installed through value_reader.h so that the recorder does not
+// depend on replay) replays the history of that value once, on CPU, in torch RNG mode, into
+// storages nobody else sees, and commits nothing: the fakes stay fake, the recording is unchanged,
+// and the default generator is restored to where the recorder keeps it (Note [Torch-mode draw
+// offsets]), so materialization and code after deferred_init see exactly what they would have
+// without the read. The cost is that replay, per read: fine for the small tensors model code
+// reads, a full computation for a large one.
+//
+// The value read is always the torch-mode one, eager's values on CPU, even for a model that will
+// be materialized in counter RNG mode: the read decides control flow during construction, which
+// must follow eager's so that the recording is the one eager construction would have made. (A
+// value that came from a random op on an accelerator device is eager's CPU value, not that
+// device's.) Fakes of a plain FakeMode, or of another recording, record nothing to replay here,
+// and data-dependent ops on them are refused as before.
 
 // A real tensor whose memory nobody owns (at::from_blob without a deleter) may be freed or
 // rewritten by its owner at any time after construction; the recorder keeps a copy instead.
@@ -56,6 +89,10 @@ class Recorder {
 
   void run(c10::DispatchKeySet keys) {
     scan_arguments();
+    if (reads_values_of_recording()) {
+      run_on_values();
+      return;
+    }
     if (graph_ == nullptr || (!has_fake_ && has_tensor_)) {
       if (detail::is_random(op_)) {
         // An unrecorded op is about to draw: the generator must be where eager would have it.
@@ -87,6 +124,60 @@ class Recorder {
         }
         return t;
       });
+    }
+  }
+
+  // Note [Reading values while recording]: a data-dependent op on fakes of this recording only.
+  bool reads_values_of_recording() const {
+    if (tls_graph == nullptr || !has_fake_ || data_dependent_api(schema_.name()) == nullptr) {
+      return false;
+    }
+    std::vector<at::Tensor> fakes;
+    for (size_t i = first_argument_; i < stack_.size(); ++i) {
+      map_tensors(stack_[i], [&](const at::Tensor& t) {
+        if (is_fake(t)) {
+          fakes.push_back(t);
+        }
+        return t;
+      });
+    }
+    if (schema_.name() == "aten::equal" && fakes.size() == 2 &&
+        same_fake_view(fakes[0], fakes[1])) {
+      return false;  // the Fake layer answers it without data
+    }
+    return std::all_of(fakes.begin(), fakes.end(), [](const at::Tensor& t) {
+      const RecordedFake* rec = recorded(t);
+      return rec != nullptr && rec->graph == tls_graph;
+    });
+  }
+
+  void run_on_values() {
+    std::optional<c10::Device> device;
+    try {
+      for (size_t i = first_argument_; i < stack_.size(); ++i) {
+        stack_[i] = map_tensors(stack_[i], [&](const at::Tensor& t) {
+          if (!is_fake(t)) {
+            return t;
+          }
+          device = device.value_or(t.device());
+          return read_values(t);
+        });
+      }
+    } catch (c10::Error& e) {
+      e.add_context(c10::str("torchdefer: while reading values for ",
+                             data_dependent_api(schema_.name()), " (", schema_.name(),
+                             ") in deferred_init of ", tls_graph->context()));
+      throw;
+    }
+    c10::impl::ExcludeDispatchKeyGuard real_only(c10::DispatchKeySet(kFakeKey) |
+                                                 c10::DispatchKeySet(kDeferredInitKey));
+    op_.callBoxed(&stack_);
+    if (device->is_cpu()) {
+      return;
+    }
+    // The values were read on CPU; tensor results belong on the fakes' device.
+    for (size_t i = stack_.size() - schema_.returns().size(); i < stack_.size(); ++i) {
+      stack_[i] = map_tensors(stack_[i], [&](const at::Tensor& t) { return t.to(*device); });
     }
   }
 
@@ -228,7 +319,28 @@ torch::Library& deferred_init_registration() {
 
 }  // namespace
 
+at::Tensor read_values(const at::Tensor& t) {
+  if (!is_fake(t)) {
+    return t;
+  }
+  const RecordedFake* rec = recorded(t);
+  TORCH_CHECK(rec != nullptr, "torchdefer: cannot read the values of ", describe(t),
+              ": it was made under a FakeMode, which records nothing, so it has no values. Create "
+              "it inside deferred_init, or use a real tensor.");
+  TORCH_CHECK(rec->graph == tls_graph, "torchdefer: cannot read the values of ", describe(t),
+              " outside the deferred_init that recorded it (", rec->graph->context(),
+              "): values are read only while construction runs. Materialize it first "
+              "(materialize_tensor), then read the real tensor.");
+  TORCH_INTERNAL_ASSERT(value_reader != nullptr, "torchdefer: no value reader is installed");
+  return value_reader(t);
+}
+
 namespace detail {
+
+void set_value_reader(ValueReader reader) {
+  TORCH_INTERNAL_ASSERT(value_reader == nullptr, "torchdefer: the value reader is set twice");
+  value_reader = reader;
+}
 
 RecordingScope::RecordingScope(std::string context)
     : include_deferred_init_(kDeferredInitKey), saved_graph_(tls_graph) {

@@ -203,6 +203,17 @@ void GraphReplay::validate() {
   }
 }
 
+at::Tensor GraphReplay::unmaterialized_foreign_fake() const {
+  for (const int64_t index : nodes_) {
+    for (const RecordedInput& input : graph_->nodes()[index].inputs) {
+      if (input.kind == RecordedInput::Kind::kForeignFake && is_fake(input.tensor)) {
+        return input.tensor;
+      }
+    }
+  }
+  return at::Tensor();
+}
+
 at::Tensor GraphReplay::input_tensor(const RecordedInput& input, c10::Device node_device) {
   switch (input.kind) {
     case RecordedInput::Kind::kUndefined:

@@ -53,6 +53,9 @@ class GraphReplay {
   void plan();
   // Raises, naming the op or tensor, for anything that would make execute() fail or lie.
   void validate();
+  // After plan(): a fake of another recording that the planned nodes read and that is still fake
+  // (execute() materializes those in place first), or an undefined tensor if there is none.
+  at::Tensor unmaterialized_foreign_fake() const;
   // After plan(): how many nodes execute() will run.
   int64_t planned_nodes() const { return static_cast<int64_t>(nodes_.size()); }
   // Runs the planned nodes into storages private to this replay, reporting each to `progress`.

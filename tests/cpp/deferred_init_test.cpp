@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 
 namespace torchdefer {
 namespace {
@@ -134,20 +135,98 @@ TEST(DeferredInit, RecordsTheCallBeforeCompositeDecomposition) {
   EXPECT_THAT(explain(y), Not(HasSubstr("addmm")));
 }
 
-TEST(DeferredInitErrors, DataDependentOpNamesTheOpAndTheConstruction) {
-  struct Bad : torch::nn::Module {
-    Bad() {
-      at::Tensor w = register_parameter("w", torch::randn({3}));
+// Note [Reading values while recording]
+TEST(DeferredInit, DataDependentOpsReadTheValuesEagerComputed) {
+  struct Reader : torch::nn::Module {
+    Reader() {
+      w = register_parameter("w", torch::randn({3}));
+      torch::NoGradGuard no_grad;
       if (w.sum().item<float>() > 0) {
-        w.data().zero_();
+        w.zero_();
       }
+      sum = w.sum().item<float>();
+      signs = (w > 0).nonzero();
+      is_positive = static_cast<bool>(w[0].gt(0).is_nonzero());
     }
+    at::Tensor w, signs;
+    float sum;
+    bool is_positive;
   };
-  const std::string message = error_of([] { deferred_init([] { return Bad(); }); });
-  EXPECT_THAT(message, HasSubstr("item()"));
-  EXPECT_THAT(message, HasSubstr("while recording aten::item in deferred_init of"));
+  for (uint64_t seed = 0; seed < 6; ++seed) {
+    torch::manual_seed(seed);
+    Reader eager;
+    const at::Tensor eager_next = torch::rand({4});
+    torch::manual_seed(seed);
+    Reader deferred = deferred_init([] { return Reader(); });
+    EXPECT_TRUE(torch::equal(torch::rand({4}), eager_next)) << "seed " << seed;
+    EXPECT_TRUE(is_fake(deferred.w));
+    EXPECT_FALSE(is_fake(deferred.signs));
+    EXPECT_EQ(deferred.sum, eager.sum) << "seed " << seed;
+    EXPECT_EQ(deferred.is_positive, eager.is_positive) << "seed " << seed;
+    EXPECT_TRUE(torch::equal(deferred.signs, eager.signs)) << "seed " << seed;
+    materialize_module(deferred);
+    EXPECT_TRUE(torch::equal(deferred.w, eager.w)) << "seed " << seed;
+  }
+  EXPECT_FALSE(deferred_init_key_in_tls());
+}
+
+TEST(DeferredInit, ReadingValuesRecordsNothingAndCommitsNothing) {
+  auto [w, before, after] = deferred_init([] {
+    at::Tensor w = torch::randn({4});
+    const std::string before = explain(w);
+    const at::Tensor copy = read_values(w);
+    EXPECT_FALSE(is_fake(copy));
+    EXPECT_TRUE(is_fake(w));
+    w.mul_(w.sum().item<double>());
+    return std::make_tuple(w, before, explain(w));
+  });
+  EXPECT_EQ(before, "randn([4])");
+  EXPECT_THAT(after, StartsWith("randn([4]) → mul_("));
+  EXPECT_TRUE(is_fake(w));
+}
+
+TEST(DeferredInit, ReadValuesAreEagersEvenForCounterModeSoShapesFollowEager) {
+  auto build = [] {
+    const int64_t extra = torch::rand({1}).item<double>() > 0.5 ? 1 : 0;
+    return torch::nn::Linear(4, 4 + extra);
+  };
+  for (uint64_t seed = 0; seed < 8; ++seed) {
+    torch::manual_seed(seed);
+    auto eager = build();
+    torch::manual_seed(seed);
+    auto deferred = deferred_init(build);
+    materialize_module(*deferred, MaterializeOptions().rng(RngMode::kCounter));
+    EXPECT_EQ(deferred->weight.sizes(), eager->weight.sizes()) << "seed " << seed;
+  }
+}
+
+TEST(DeferredInitErrors, DataDependentOpsOnFakesOfAFakeModeAreStillRefused) {
+  const std::string under_fake_mode = error_of([] {
+    FakeMode fake;
+    torch::linspace(0, 1, 4)[1].item<double>();
+  });
+  EXPECT_THAT(under_fake_mode, HasSubstr("Tensor::item()"));
+  EXPECT_THAT(under_fake_mode, HasSubstr("needs the values of"));
+  at::Tensor foreign;
+  {
+    FakeMode fake;
+    foreign = torch::ones({3});
+  }
+  const std::string inside_deferred_init =
+      error_of([&] { deferred_init([&] { return foreign.nonzero(); }); });
+  EXPECT_THAT(inside_deferred_init, HasSubstr("Tensor::nonzero()"));
+  EXPECT_THAT(inside_deferred_init, HasSubstr("while recording aten::nonzero in deferred_init of"));
+  EXPECT_THAT(error_of([&] { read_values(foreign); }), HasSubstr("made under a FakeMode"));
   EXPECT_FALSE(deferred_init_key_in_tls());
   EXPECT_FALSE(FakeMode::is_active());
+}
+
+TEST(DeferredInitErrors, ValuesAreReadOnlyWhileTheirRecordingRuns) {
+  at::Tensor w = deferred_init([] { return torch::randn({3}); });
+  EXPECT_THAT(error_of([&] { w.sum().item<float>(); }), HasSubstr("needs the values of"));
+  EXPECT_THAT(error_of([&] { read_values(w); }),
+              HasSubstr("outside the deferred_init that recorded it"));
+  EXPECT_TRUE(is_fake(w));
 }
 
 TEST(DeferredInitErrors, AThrowingConstructorLeavesNoKeyAndNoGraphBehind) {

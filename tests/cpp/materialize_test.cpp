@@ -129,6 +129,31 @@ struct InitFunctionsImpl : nn::Module {
 };
 TORCH_MODULE(InitFunctions);
 
+// Reads values while it builds itself (Note [Reading values while recording]): a drop-path
+// schedule from linspace(...).item(), a branch on a random draw, a buffer from nonzero(), and
+// random draws after each read.
+struct ReadsValuesImpl : nn::Module {
+  ReadsValuesImpl() {
+    const at::Tensor rates = torch::linspace(0, 0.3, 4);
+    torch::NoGradGuard no_grad;
+    for (int64_t i = 0; i < 4; ++i) {
+      const double rate = rates[i].item<double>();
+      auto layer = register_module("layer" + std::to_string(i), nn::Linear(8, 8));
+      layer->weight.mul_(1 - rate);
+    }
+    w = register_parameter("w", torch::randn({6, 5}));
+    if (torch::rand({1}).item<double>() > 0.5) {
+      w.mul_(2);
+    } else {
+      w.add_(1);
+    }
+    positive = register_buffer("positive", (w > 0).nonzero());
+    b = register_parameter("b", torch::rand({7}) * static_cast<double>(positive.size(0)));
+  }
+  at::Tensor w, positive, b;
+};
+TORCH_MODULE(ReadsValues);
+
 struct ModuleFactory {
   std::string name;
   std::function<std::shared_ptr<nn::Module>()> make;
@@ -152,6 +177,7 @@ std::vector<ModuleFactory> module_factories() {
        [] { return models::Llama(models::LlamaConfig::named("tiny")).ptr(); }},
       {"SlicesAndTransposedViews", [] { return SliceWriter().ptr(); }},
       {"OrthogonalKaimingFanOutXavierTruncNormal", [] { return InitFunctions().ptr(); }},
+      {"ReadsValuesWhileConstructing", [] { return ReadsValues().ptr(); }},
   };
 }
 

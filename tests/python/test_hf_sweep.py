@@ -347,20 +347,12 @@ NOT_TINY_CAUSAL: List[str] = [
     "lfm2_moe", "longcat_flash", "mamba2", "ministral", "musicgen", "musicgen_melody", "nemotron",
     "olmo_hybrid", "phi4_multimodal", "reformer", "roc_bert", "xlm",
 ]
-# Builds small, but reads tensor values during construction, which a fake does not have
-# (docs/python.md, Known limits): the drop-path rates of each block,
-# [x.item() for x in torch.linspace(0, drop_path_rate, depth, device="cpu")], or .tolist().
-TORCHDEFER_LIMITS: Dict[str, str] = {
-    "clap": "drop-path rates by torch.linspace(...).item() at construction",
-    "data2vec-vision": "drop-path rates by torch.linspace(...).item() at construction",
-    "glpn": "drop-path rates by torch.linspace(...).item() at construction",
-    "pvt_v2": "drop-path rates by torch.linspace(...).tolist() at construction",
-    "qianfan_ocr": "drop-path rates by torch.linspace(...).item() at construction",
-    "qianfan_ocr_vision": "drop-path rates by torch.linspace(...).item() at construction",
-    "seggpt": "drop-path rates by torch.linspace(...).item() at construction",
-    "timesformer": "drop-path rates by torch.linspace(...).item() at construction",
-    "vitdet": "drop-path rates by torch.linspace(...).item() at construction",
-}
+# Builds small, but torchdefer cannot record or replay it (docs/python.md, Known limits), with why.
+# Empty now: the drop-path schedules read during construction
+# ([x.item() for x in torch.linspace(0, drop_path_rate, depth, device="cpu")], or .tolist()) that
+# kept clap, data2vec-vision, glpn, pvt_v2, qianfan_ocr(_vision), seggpt, timesformer and vitdet here
+# are read from the recording (Note [Reading values while recording]).
+TORCHDEFER_LIMITS: Dict[str, str] = {}
 
 
 AUTOS = {

@@ -104,6 +104,34 @@ class TorchtitanLike(torch.nn.Module):
             torch.nn.init.trunc_normal_(layer.weight, mean=0.0, std=0.02 / (2 * (i + 1)) ** 0.5)
 
 
+class DropPath(torch.nn.Module):
+    def __init__(self, rate: float):
+        super().__init__()
+        assert isinstance(rate, float), "the rate must be a Python float, read from the tensor"
+        self.rate = rate
+
+
+class TimmLike(torch.nn.Module):
+    """timm's stochastic-depth schedule read with .item() (or .tolist(), as pvt_v2 does), a
+    constructor that branches on a random draw, and trunc_normal_ init after the reads."""
+
+    def __init__(self, depth=4, dim=16, drop_path_rate=0.1, tolist=False):
+        super().__init__()
+        rates = torch.linspace(0, drop_path_rate, depth, device="cpu")
+        dpr = rates.tolist() if tolist else [x.item() for x in rates]
+        self.cls_token = torch.nn.Parameter(torch.zeros(1, 1, dim))
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(dim, dim), DropPath(dpr[i])) for i in range(depth)
+        )
+        if torch.rand(1).item() > 0.5:
+            self.head = torch.nn.Linear(dim, 3)
+        else:
+            self.head = torch.nn.Linear(dim, 5)
+        torch.nn.init.trunc_normal_(self.cls_token, std=0.02)
+        for block in self.blocks:
+            torch.nn.init.trunc_normal_(block[0].weight, std=0.02)
+
+
 @pytest.mark.parametrize(
     "make",
     [
@@ -115,6 +143,8 @@ class TorchtitanLike(torch.nn.Module):
         Gpt2Like,
         LlamaLike,
         TorchtitanLike,
+        TimmLike,
+        lambda: TimmLike(tolist=True),
     ],
     ids=[
         "Linear",
@@ -125,6 +155,8 @@ class TorchtitanLike(torch.nn.Module):
         "Gpt2Like",
         "LlamaLike",
         "TorchtitanLike",
+        "TimmLikeDropPathByItem",
+        "TimmLikeDropPathByTolist",
     ],
 )
 def test_materializing_equals_eager_bitwise(make):
@@ -133,6 +165,52 @@ def test_materializing_equals_eager_bitwise(make):
     torchdefer.materialize_module(deferred)
     assert not torchdefer.is_deferred(deferred)
     assert_same_state(eager, deferred)
+
+
+def test_constructors_read_the_values_eager_computed():
+    def reads():
+        x = torch.linspace(0, 0.3, 4)
+        w = torch.nn.Parameter(torch.randn(5))
+        return {
+            "item": [v.item() for v in x],
+            "tolist": w.tolist(),
+            "float": float(w.detach()[1]),
+            "int": int(x[3] * 10),
+            "bool": bool(w.sum() > 0),
+            "index": [10, 20, 30, 40][x.argmax()],
+            "numpy": w.detach().numpy().tolist(),
+            "asarray": numpy_asarray(x).tolist(),
+            "nonzero": (w > 0).nonzero(),
+        }
+
+    for seed in range(4):
+        torch.manual_seed(seed)
+        eager = reads()
+        torch.manual_seed(seed)
+        deferred = torchdefer.deferred_init(reads)
+        assert not torchdefer.is_fake(deferred["nonzero"])
+        assert torch.equal(deferred.pop("nonzero"), eager.pop("nonzero"))
+        assert deferred == eager
+
+
+def numpy_asarray(t):
+    import numpy
+
+    return numpy.asarray(t)
+
+
+def test_data_dependent_reads_of_fakes_that_record_nothing_are_refused():
+    with torchdefer.fake_mode():
+        x = torch.linspace(0, 1, 4)
+        with pytest.raises(RuntimeError, match=r"item\(\).*needs the values of"):
+            x[1].item()
+        with pytest.raises(RuntimeError, match="made under a FakeMode, which records nothing"):
+            x.tolist()
+    deferred = torchdefer.deferred_init(torch.nn.Linear, 2, 2)
+    with pytest.raises(RuntimeError, match="outside the deferred_init that recorded it"):
+        deferred.weight.tolist()
+    with pytest.raises(RuntimeError, match="needs the values of"):
+        deferred.weight.sum().item()
 
 
 def test_parameters_stay_the_same_objects_with_their_attributes_and_hooks():
@@ -316,8 +394,12 @@ def test_bad_input_gets_clear_errors_and_loses_nothing():
             if self.w.sum() > 0:
                 self.w.data.zero_()
 
-    with pytest.raises(RuntimeError, match="item"):
-        torchdefer.deferred_init(DataDependent)
+    with torchdefer.fake_mode(), pytest.raises(RuntimeError, match=r"item\(\).*needs the values of"):
+        DataDependent()
+    for seed in range(4):
+        eager, deferred = eager_and_deferred(DataDependent, seed)
+        torchdefer.materialize_module(deferred)
+        assert_same_state(eager, deferred)
 
 
 def test_imports_from_any_directory():
