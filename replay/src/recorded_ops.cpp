@@ -1,5 +1,6 @@
 #include "recorded_ops.h"
 
+#include <cmath>
 #include <string>
 
 namespace torchdefer::detail {
@@ -66,6 +67,33 @@ std::optional<CounterDistributionParams> counter_params(const RecordedNode& node
     return params;
   }
   return std::nullopt;
+}
+
+std::optional<TruncatedNormalParams> truncated_normal_params(const RecordedNode& node) {
+  if (node.op.schema().name() != "torchdefer::trunc_normal_") {
+    return std::nullopt;
+  }
+  const auto mean = double_argument(node, "mean");
+  const auto std = double_argument(node, "std");
+  const auto a = double_argument(node, "a");
+  const auto b = double_argument(node, "b");
+  if (!mean || !std || !a || !b || !(*std > 0) || !(*a < *b)) {
+    return std::nullopt;
+  }
+  return TruncatedNormalParams{*mean, *std, *a, *b};
+}
+
+void counter_fill_truncated_normal(const at::Tensor& out, const TruncatedNormalParams& params,
+                                   uint64_t seed, uint64_t stream, const CounterRegion& region) {
+  const auto normal_cdf = [](double x) { return (1.0 + std::erf(x / std::sqrt(2.0))) / 2.0; };
+  const double low = normal_cdf((params.a - params.mean) / params.std);
+  const double high = normal_cdf((params.b - params.mean) / params.std);
+  counter_fill(out, {CounterDistribution::kUniform, 2 * low - 1, 2 * high - 1}, seed, stream,
+               region);
+  out.erfinv_();
+  out.mul_(params.std * std::sqrt(2.0));
+  out.add_(params.mean);
+  out.clamp_(params.a, params.b);
 }
 
 }  // namespace torchdefer::detail

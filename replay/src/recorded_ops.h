@@ -16,4 +16,32 @@ std::optional<double> double_argument(const RecordedNode& node, std::string_view
 // The counter distribution of a random op, if it has one (Note [Counter RNG]).
 std::optional<CounterDistributionParams> counter_params(const RecordedNode& node);
 
+// Note [Counter-mode truncated normal]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// torch.nn.init.trunc_normal_ is rejection sampling in PyTorch 2.13: how many numbers it draws
+// depends on the values, so no element is a function of its index and no slice can be computed
+// alone. Under deferred_init it is recorded as one op, torchdefer::trunc_normal_ (bindings/
+// torchdefer/_trunc_normal.py). Torch mode replays torch's sampler (eager's bits). Counter mode
+// owes nothing to eager's bits, only to invariance, so it samples the same distribution by
+// inverse CDF, element by element: u ~ counter uniform over [2 Phi(alpha) - 1, 2 Phi(beta) - 1),
+// x = clamp(mean + std * sqrt(2) * erfinv(u), a, b), with alpha, beta = (a or b - mean) / std (the
+// sampler PyTorch used before 2.13). The uniform is the counter RNG's; the transform is ATen's
+// erfinv_, mul_, add_ and clamp_, which are region exact (Note [Region-exact pointwise ops]), so
+// a slice has the full tensor's bits, and shards of every world size agree.
+struct TruncatedNormalParams {
+  double mean = 0.0;
+  double std = 1.0;
+  double a = -2.0;
+  double b = 2.0;
+};
+
+// The parameters of a recorded torchdefer::trunc_normal_, if `node` is one.
+std::optional<TruncatedNormalParams> truncated_normal_params(const RecordedNode& node);
+
+// Fills `out` (the part of the op's output that `region` places) in counter mode (Note
+// [Counter-mode truncated normal]).
+void counter_fill_truncated_normal(const at::Tensor& out, const TruncatedNormalParams& params,
+                                   uint64_t seed, uint64_t stream,
+                                   const CounterRegion& region = {});
+
 }  // namespace torchdefer::detail

@@ -454,11 +454,19 @@ bool RegionReplay::apply_write(int64_t index, const RecordedValue& base, const B
   }
   at::Tensor part = view_part(local, region, *view, part_box);
   if (node.draws) {
-    const auto params = counter_params(node);
-    if (options_.rng() != RngMode::kCounter || !params) {
+    if (options_.rng() != RngMode::kCounter) {
       return fail(op);
     }
-    counter_fill(part, *params, seed_, node.draws->stream, {target.sizes, part_box.start});
+    const CounterRegion part_region{target.sizes, part_box.start};
+    if (const auto truncated = truncated_normal_params(node)) {
+      counter_fill_truncated_normal(part, *truncated, seed_, node.draws->stream, part_region);
+      return true;
+    }
+    const auto params = counter_params(node);
+    if (!params) {
+      return fail(op);
+    }
+    counter_fill(part, *params, seed_, node.draws->stream, part_region);
     return true;
   }
   if (!region_exact_pointwise(node, target.dtype)) {

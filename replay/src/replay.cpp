@@ -291,6 +291,10 @@ uint64_t mix(uint64_t x) {
 bool GraphReplay::run_counter_node(int64_t index, const RecordedNode& node, c10::Device device) {
   const uint64_t seed = options_.counter_seed().value_or(graph_->counter_seed());
   const uint64_t stream = node.draws->stream;
+  if (const auto truncated = truncated_normal_params(node)) {
+    counter_fill_truncated_normal(input_tensor(node.inputs[0], device), *truncated, seed, stream);
+    return true;
+  }
   const std::optional<CounterDistributionParams> params = counter_params(node);
   if (!params) {
     at::Generator generator = at::detail::getDefaultCPUGenerator();

@@ -285,21 +285,42 @@ def test_trunc_normal_is_one_recorded_op_replayed_in_any_order():
     assert torch.nn.init._no_grad_trunc_normal_.__module__ == "torch.nn.init", "the patch leaked"
 
 
-def test_trunc_normal_shards_fall_back_whole_and_still_agree():
+def test_trunc_normal_shards_are_computed_alone_in_counter_mode_and_agree():
+    # Counter mode samples trunc_normal_ by inverse CDF, element by element (Note [Counter-mode
+    # truncated normal]): each rank computes only its slice, and the slices agree.
     def record():
         torch.manual_seed(5)
         return torchdefer.deferred_init(TorchtitanLike)
 
     full = record()
     torchdefer.materialize_module(full, rng="counter")
-    parts = []
-    for rank in range(3):
-        local = record()
-        stats = torchdefer.materialize_module(local, shard=torchdefer.Shard(rank, 3))
-        weight = next(s for s in stats if s["name"] == "layers.0.weight")
-        assert not weight["sliced"] and "trunc_normal_" in weight["fallback"]
-        parts.append(local.layers[0].weight)
-    assert bitwise_equal(torch.cat(parts), full.layers[0].weight)
+    for world in (2, 3, 7):
+        parts = []
+        for rank in range(world):
+            local = record()
+            stats = torchdefer.materialize_module(local, shard=torchdefer.Shard(rank, world))
+            weight = next(s for s in stats if s["name"] == "layers.0.weight")
+            assert weight["sliced"] and weight["fallback"] == "", weight
+            assert weight["bytes_computed"] == weight["bytes_kept"], weight
+            parts.append(local.layers[0].weight)
+        assert bitwise_equal(torch.cat(parts), full.layers[0].weight), world
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_counter_mode_trunc_normal_has_the_truncated_normal_distribution(dtype):
+    class Truncated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(400, 500, dtype=dtype))
+            torch.nn.init.trunc_normal_(self.weight, mean=0.5, std=1.0, a=-0.5, b=1.5)
+
+    model = torchdefer.deferred_init(Truncated)
+    torchdefer.materialize_module(model, rng="counter")
+    values = model.weight.detach().double()
+    assert values.min() >= -0.5 and values.max() <= 1.5
+    # N(0.5, 1) truncated to mean -+ 1 std: mean 0.5, std sqrt(1 - 2 phi(1) / (2 Phi(1) - 1)).
+    assert abs(values.mean().item() - 0.5) < 0.01
+    assert abs(values.std().item() - 0.5396) < 0.01
 
 
 def test_new_tensor_on_a_fake_builds_the_same_tensor():
