@@ -60,6 +60,7 @@ def machine() -> Dict[str, Any]:
         transformers=version("transformers"),
         accelerate=version("accelerate"),
         gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        load_average=os.getloadavg()[0],
     )
 
 
@@ -284,6 +285,10 @@ def markdown(results: Dict[str, Any], plot_name: str) -> str:
         "",
         f"- **Command**: `{results['command']}`",
         f"- **Machine**: {describe_machine(results['machine'])}",
+        f"- **Load**: 1-minute load average {results['machine']['load_average']:.1f} at the start and "
+        f"{results['load_average_end']:.1f} at the end (other work shares the CPU when this is above the "
+        "core count; absolute times are then slower than on an idle machine, ratios within a repetition "
+        "less affected)",
         f"- **Run**: {results['started']}, {results['duration_s'] / 60:.1f} min; {settings['reps']} repetition(s) of "
         f"each run, each in a fresh process; shard and slice strategies are rank 0 of W = {settings['world']}; "
         f"py-broadcast runs {settings['broadcast_world']} processes on this machine; Python strategies on "

@@ -36,7 +36,7 @@ class RunFailed(RuntimeError):
 
 
 def parse_matrix(specs: List[str]) -> List[Tuple[plan.Strategy, models.LlamaConfig]]:
-    """'STRATEGIES=MODELS' specs, in order, without repeats."""
+    """'STRATEGIES=MODELS' specs, without repeats, by model size."""
     cells: List[Tuple[plan.Strategy, models.LlamaConfig]] = []
     for spec in specs:
         if "=" not in spec:
@@ -45,7 +45,7 @@ def parse_matrix(specs: List[str]) -> List[Tuple[plan.Strategy, models.LlamaConf
         for name in names.split(","):
             config = models.config(name.strip())
             cells += [(s, config) for s in plan.select(strategies) if (s, config) not in cells]
-    return cells
+    return sorted(cells, key=lambda cell: models.parameter_count(cell[1]))  # stable: keeps strategy order
 
 
 def free_port() -> int:
@@ -154,6 +154,22 @@ def measure(cells, args: argparse.Namespace) -> List[Dict[str, Any]]:
     return rows
 
 
+def run_all(argv: List[str], args: argparse.Namespace) -> Dict[str, Any]:
+    started = time.time()
+    machine = report.machine()  # before the runs: its load average is the one at the start
+    if any(s.runner == "cpp" for s, _ in args.cells) and not (args.build_dir / "bench" / "torchdefer_bench_strategy").exists():
+        raise SystemExit(f"{args.build_dir}/bench/torchdefer_bench_strategy is missing: build first (cmake --build build)")
+    rows = measure(args.cells, args)
+    micro = report.load_micro(args.micro or (report.discover_micro(args.build_dir) if args.docs else []))
+    return dict(
+        command="python3 -m bench.harness.run " + shlex.join(argv), machine=machine,
+        settings=dict(reps=args.reps, world=args.world, broadcast_world=args.broadcast_world, seed=args.seed,
+                      device=args.device, headroom=plan.HEADROOM),
+        started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)), duration_s=time.time() - started,
+        load_average_end=os.getloadavg()[0], rows=rows, micro=micro,
+    )
+
+
 def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
@@ -176,37 +192,31 @@ def main(argv: Optional[List[str]] = None) -> int:
                         " with --docs, every executable in BUILD_DIR/bench/micro by default")
     parser.add_argument("--docs", action="store_true", help="write docs/benchmarks.md, .json and docs/img/benchmarks.png")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
+    parser.add_argument("--render", type=Path, metavar="RESULTS_JSON",
+                        help="run nothing: write the report again from a results file this harness wrote")
     args = parser.parse_args(argv)
     if args.reps < 1 or args.world < 1 or args.broadcast_world < 2:
         parser.error("--reps and --world must be at least 1, --broadcast-world at least 2")
     args.build_dir = args.build_dir.resolve()
     try:
-        cells = parse_matrix(args.run or [DEFAULT_RUN])
+        args.cells = parse_matrix(args.run or [DEFAULT_RUN])
     except ValueError as e:
         parser.error(str(e))
-    if any(s.runner == "cpp" for s, _ in cells) and not (args.build_dir / "bench" / "torchdefer_bench_strategy").exists():
-        parser.error(f"{args.build_dir}/bench/torchdefer_bench_strategy is missing: build first (cmake --build build)")
 
-    started = time.time()
-    rows = measure(cells, args)
-    micro = report.load_micro(args.micro or (report.discover_micro(args.build_dir) if args.docs else []))
-    results = dict(
-        command="python3 -m bench.harness.run " + shlex.join(argv), machine=report.machine(),
-        settings=dict(reps=args.reps, world=args.world, broadcast_world=args.broadcast_world, seed=args.seed,
-                      device=args.device, headroom=plan.HEADROOM),
-        started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)), duration_s=time.time() - started,
-        rows=rows, micro=micro,
-    )
     if args.docs:
         paths = report.Paths(json=REPO / "docs" / "benchmarks.json", markdown=REPO / "docs" / "benchmarks.md",
                              plot=REPO / "docs" / "img" / "benchmarks.png")
     else:
         out = args.out or args.build_dir / "bench-results"
         paths = report.Paths(json=out / "results.json", markdown=out / "results.md", plot=out / "peak_memory.png")
+    if args.render:
+        results = json.loads(args.render.read_text())
+    else:
+        results = run_all(argv, args)
     report.write(results, paths)
-    print(report.table(rows))
+    print(report.table(results["rows"]))
     log(f"wrote {paths.json}, {paths.markdown}, {paths.plot}")
-    return 1 if any(r["status"] == "failed" for r in rows) else 0
+    return 1 if any(r["status"] == "failed" for r in results["rows"]) else 0
 
 
 if __name__ == "__main__":
