@@ -238,9 +238,10 @@ def plot(rows: List[Dict[str, Any]], path: Path, memory_bytes: Optional[int]) ->
 
     fig, ax = plt.subplots(figsize=(10, 6))
     labels = list(dict.fromkeys(row_label(r) for r in rows if r["status"] != "failed"))
-    cmap = plt.get_cmap("tab20")
+    colors = plt.get_cmap("tab10")
+    markers = {"cpp": "o", "py": "s", "hf": "^"}
     for i, label in enumerate(labels):
-        color = cmap(i % 20)
+        style = dict(color=colors(i % 10), marker=markers[label.split("-")[0]])
         mine = sorted((r for r in rows if row_label(r) == label and r["status"] != "failed"),
                       key=lambda r: r["parameters"])
         measured = [r for r in mine if r["status"] == "measured"]
@@ -250,14 +251,19 @@ def plot(rows: List[Dict[str, Any]], path: Path, memory_bytes: Optional[int]) ->
             s = [r["summary"]["peak_rss_bytes"] for r in measured]
             y = [v["median"] / 1e9 for v in s]
             err = [[(v["median"] - v["min"]) / 1e9 for v in s], [(v["max"] - v["median"]) / 1e9 for v in s]]
-            ax.errorbar(x, y, yerr=err, color=color, marker="o", label=label, capsize=3)
+            ax.errorbar(x, y, yerr=err, label=label, capsize=3, **style)
         if needed:
-            ax.plot([r["parameters"] for r in needed], [r["estimate_bytes"] / 1e9 for r in needed], linestyle=":",
-                    marker="o", markerfacecolor="none", color=color, label=None if measured else label + " (estimate)")
+            # Dotted from the last measured point on, through what the estimate says it would need.
+            bridge = measured[-1:] if measured and measured[-1]["parameters"] < needed[0]["parameters"] else []
+            x = [r["parameters"] for r in bridge + needed]
+            y = [r["summary"]["peak_rss_bytes"]["median"] / 1e9 for r in bridge] + [
+                r["estimate_bytes"] / 1e9 for r in needed]
+            ax.plot(x, y, linestyle=":", markerfacecolor="none", markevery=list(range(len(bridge), len(x))),
+                    label=None if measured else label + " (estimate only)", **style)
     if memory_bytes:
         ax.axhline(memory_bytes / 1e9, color="gray", linestyle="--", linewidth=1)
-        ax.annotate("this machine's RAM", (ax.get_xlim()[0], memory_bytes / 1e9), fontsize=8, color="gray",
-                    xytext=(4, 4), textcoords="offset points")
+        ax.text(0.01, memory_bytes / 1e9, " this machine's RAM", transform=ax.get_yaxis_transform(), fontsize=8,
+                color="gray", va="bottom")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("model parameters")
