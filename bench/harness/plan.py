@@ -59,9 +59,9 @@ STRATEGIES: List[Strategy] = [
     Strategy("hf-init-empty", "py", "accelerate init_empty_weights + to_empty + the model's _init_weights",
              baseline=0.42 * GB, full=1),
     Strategy("hf-deferred-full", "py", "torchdefer.deferred_init(from_config) + materialize_module",
-             baseline=0.42 * GB, full=1, largest=1),
+             baseline=0.42 * GB, full=1),
     Strategy("hf-deferred-shard", "py", "torchdefer.deferred_init(from_config) + materialize rank 0 of W",
-             baseline=0.42 * GB, shard=1, largest=1),
+             baseline=0.42 * GB, shard=1),
 ]
 BY_NAME: Dict[str, Strategy] = {s.name: s for s in STRATEGIES}
 
