@@ -237,12 +237,25 @@ def plot(rows: List[Dict[str, Any]], path: Path, memory_bytes: Optional[int]) ->
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 6))
-    labels = list(dict.fromkeys(row_label(r) for r in rows if r["status"] != "failed"))
-    colors = plt.get_cmap("tab10")
+
+    def label_of(row: Dict[str, Any]) -> str:
+        # An estimate is per process, i.e. rank 0's for py-broadcast: it continues that line.
+        if row["status"] == "needs" and row["strategy"] == "py-broadcast":
+            return "py-broadcast [rank 0]"
+        return row_label(row)
+
+    labels = list(dict.fromkeys(label_of(r) for r in rows if r["status"] != "failed"))
+    # Colour says the approach, the marker the runner: the C++, torch.nn and transformers
+    # versions of one approach share a colour.
+    approaches = ["eager", "from-config", "meta-reset", "init-empty", "broadcast [rank 0]", "broadcast [rank",
+                  "deferred-full", "deferred-shard"]
+    colours = dict(zip(approaches, ["tab:blue", "tab:blue", "tab:purple", "tab:purple", "tab:brown", "tab:pink",
+                                    "tab:orange", "tab:green"]))
     markers = {"cpp": "o", "py": "s", "hf": "^"}
-    for i, label in enumerate(labels):
-        style = dict(color=colors(i % 10), marker=markers[label.split("-")[0]])
-        mine = sorted((r for r in rows if row_label(r) == label and r["status"] != "failed"),
+    for label in labels:
+        approach = next(a for a in approaches if a in label)
+        style = dict(color=colours[approach], marker=markers[label.split("-")[0]])
+        mine = sorted((r for r in rows if label_of(r) == label and r["status"] != "failed"),
                       key=lambda r: r["parameters"])
         measured = [r for r in mine if r["status"] == "measured"]
         needed = [r for r in mine if r["status"] == "needs"]
