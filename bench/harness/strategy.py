@@ -188,9 +188,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     run(args.strategy, models.config("tiny"), args.rank, args.world, device)
     torch.manual_seed(args.seed)
     result = run(args.strategy, models.config(args.model), args.rank, args.world, device)
+    print(json.dumps(result), flush=True)
     if args.strategy == "py-broadcast":
+        # A rank that tears Gloo down while another still talks to it can abort the other
+        # ("terminate called without an active exception"): all ranks leave together.
+        dist.barrier()
         dist.destroy_process_group()
-    print(json.dumps(result))
 
 
 if __name__ == "__main__":
