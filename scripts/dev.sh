@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The two README commands, and what they share:
-#   bash scripts/dev.sh demo [demo flags]   install what is missing, build, run the demo
+#   bash scripts/dev.sh demo [demo flags]   install what is missing, build, run the demo, then
+#                                           the default strategy comparison (bench/harness)
 #   bash scripts/dev.sh test                install what is missing, build, run every test
 # Both are idempotent and quick when nothing changed: installs are skipped when present, the
 # build is incremental and goes through ccache. Debian 12 with Python 3.11, run as root (or with
@@ -11,7 +12,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 readonly BUILD_DIR=build
 readonly APT_PACKAGES=(cmake g++ ninja-build ccache clang-format libgtest-dev libgmock-dev
                        libbenchmark-dev)
-readonly PIP_PACKAGES=(torch==2.13.0 pytest==9.0.3 hypothesis==6.155.2 transformers==5.23.0)
+readonly PIP_PACKAGES=(torch==2.13.0 pytest==9.0.3 hypothesis==6.155.2 transformers==5.23.0
+                       matplotlib==3.11.2 accelerate==1.15.0)
 
 log() { printf '\033[1m[torchdefer] %s\033[0m\n' "$*"; }
 
@@ -90,6 +92,8 @@ main() {
       install_pip_packages
       build
       "$BUILD_DIR/bench/torchdefer_demo" "$@"
+      log "comparing initialization strategies (python3 -m bench.harness.run)"
+      python3 -m bench.harness.run --build-dir "$BUILD_DIR"
       ;;
     test)
       install_apt_packages

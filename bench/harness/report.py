@@ -1,0 +1,362 @@
+"""The benchmark report: results JSON, Markdown table, peak-memory plot, the machine description
+and the Google Benchmark throughput table. Every number in it comes from a results file; nothing
+is typed in by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from bench.harness import plan
+
+
+@dataclasses.dataclass(frozen=True)
+class Paths:
+    json: Path
+    markdown: Path
+    plot: Path
+
+
+# --- The machine -------------------------------------------------------------------------------
+
+
+def _proc_field(path: str, key: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def machine() -> Dict[str, Any]:
+    import torch
+
+    def version(package: str) -> Optional[str]:
+        from importlib.metadata import PackageNotFoundError, version as v
+
+        try:
+            return v(package)
+        except PackageNotFoundError:
+            return None
+
+    mem_kib = _proc_field("/proc/meminfo", "MemTotal")
+    return dict(
+        cpu=_proc_field("/proc/cpuinfo", "model name") or platform.processor(),
+        cores=os.cpu_count(),
+        torch_threads=torch.get_num_threads(),
+        memory_bytes=int(mem_kib.split()[0]) * 1024 if mem_kib else None,
+        os=f"{platform.system()} {platform.release()}",
+        python=platform.python_version(),
+        torch=torch.__version__,
+        transformers=version("transformers"),
+        accelerate=version("accelerate"),
+        gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        load_average=os.getloadavg()[0],
+    )
+
+
+def describe_machine(m: Dict[str, Any]) -> str:
+    memory = f"{m['memory_bytes'] / 2**30:.0f} GiB RAM" if m.get("memory_bytes") else "RAM unknown"
+    return (f"{m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads), {memory}, "
+            f"{m['gpu'] or 'no GPU'}; {m['os']}, Python {m['python']}, torch {m['torch']}, "
+            f"transformers {m['transformers']}, accelerate {m['accelerate']}")
+
+
+# --- Formatting ----------------------------------------------------------------------------------
+
+
+def human_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "—"
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}" if n / size < 100 else f"{n / size:.0f} {unit}"
+    return f"{n:.0f} B"
+
+
+def human_count(n: int) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} B"
+    return f"{n / 1e6:.0f} M" if n >= 1e6 else f"{n / 1e3:.0f} K"
+
+
+def with_range(s: Optional[Dict[str, float]], fmt, reps: int) -> str:
+    if s is None:
+        return "—"
+    if reps == 1:
+        return fmt(s["median"])
+    return f"{fmt(s['median'])} ({fmt(s['min'])}–{fmt(s['max'])})"
+
+
+def seconds(x: float) -> str:
+    return f"{x:.3f} s" if x < 10 else f"{x:.1f} s"
+
+
+def row_label(row: Dict[str, Any]) -> str:
+    return row["strategy"] + (f" [{row['role']}]" if row["role"] else "")
+
+
+def _eager_reference(row: Dict[str, Any], rows: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The measured eager row of the same model and runner, which the ratios compare against."""
+    eager = {"cpp": "cpp-eager", "py": "py-eager", "hf": "hf-from-config"}[row["strategy"].split("-")[0]]
+    for r in rows:
+        if r["strategy"] == eager and r["model"] == row["model"] and r["status"] == "measured" and not r["role"]:
+            return r
+    return None
+
+
+def _ratio(row, reference, key: str) -> str:
+    if reference is None or row["status"] != "measured":
+        return "—"
+    return f"{row['summary'][key]['median'] / reference['summary'][key]['median']:.2f}×"
+
+
+def _sharding(row: Dict[str, Any]) -> str:
+    run = row["runs"][0]
+    sliced, fallback = run["tensors_sliced"], run["tensors_fallback"]
+    if sliced + fallback == 0:
+        return "—"
+    text = f"{sliced} / {fallback}"
+    if run["fallback_ops"]:
+        text += " (" + ", ".join(f"{op}: {n}" for op, n in sorted(run["fallback_ops"].items())) + ")"
+    return text
+
+
+def table(rows: List[Dict[str, Any]]) -> str:
+    """The Markdown results table: one row per model and strategy (and role)."""
+    cuda = any(r.get("summary", {}).get("peak_cuda_bytes") for r in rows)
+    header = ["model", "params", "strategy", "wall (construct + init)", "peak RSS", "peak vs eager",
+              "wall vs eager", "kept", "computed", "sliced / fell back"] + (["peak CUDA"] if cuda else [])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [row["model"], human_count(row["parameters"]), row_label(row)]
+        if row["status"] == "needs":
+            cells += ["not run", f"needs {row['estimate_total_bytes'] / 1e9:.1f} GB"] + ["—"] * 5
+        elif row["status"] == "failed":
+            cells += ["failed", row["error"][:80].replace("|", "/").replace("\n", " ")] + ["—"] * 5
+        else:
+            reps, summary, run = len(row["runs"]), row["summary"], row["runs"][0]
+            reference = _eager_reference(row, rows)
+            cells += [
+                with_range(summary["wall_s"], seconds, reps),
+                with_range(summary["peak_rss_bytes"], human_bytes, reps),
+                _ratio(row, reference, "peak_rss_bytes"),
+                _ratio(row, reference, "wall_s"),
+                human_bytes(run["bytes_kept"]),
+                human_bytes(run["bytes_computed"]),
+                _sharding(row),
+            ]
+        if cuda:
+            cells.append(with_range(row.get("summary", {}).get("peak_cuda_bytes"), human_bytes, len(row.get("runs", [1]))))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def estimate_table(rows: List[Dict[str, Any]]) -> str:
+    """The memory estimate next to what was measured: how far to trust the 'needs N GB' cells."""
+    lines = ["| model | strategy | estimated peak | measured peak (median) | measured / estimated |",
+             "|---|---|---|---|---|"]
+    for row in rows:
+        if row["status"] != "measured":
+            continue
+        measured = row["summary"]["peak_rss_bytes"]["median"]
+        lines.append(f"| {row['model']} | {row_label(row)} | {human_bytes(row['estimate_bytes'])} | "
+                     f"{human_bytes(measured)} | {measured / row['estimate_bytes']:.2f} |")
+    return "\n".join(lines)
+
+
+# --- Google Benchmark ------------------------------------------------------------------------------
+
+
+def discover_micro(build_dir: Path) -> List[str]:
+    """The Google Benchmark executables the build made in BUILD_DIR/bench/micro, if any."""
+    folder = build_dir / "bench" / "micro"
+    if not folder.is_dir():
+        return []
+    return sorted(str(p) for p in folder.iterdir() if p.is_file() and os.access(p, os.X_OK))
+
+
+def load_micro(sources: List[str]) -> List[Dict[str, Any]]:
+    """Google Benchmark results: each source is a JSON file it wrote, or a binary to run."""
+    loaded = []
+    for source in sources:
+        if source.endswith(".json"):
+            data = json.loads(Path(source).read_text())
+        else:
+            out = subprocess.run([source, "--benchmark_format=json"], check=True, capture_output=True, text=True)
+            data = json.loads(out.stdout)
+        loaded.append(dict(source=Path(source).name, command=source if source.endswith(".json") else
+                           f"{source} --benchmark_format=json", context=data.get("context", {}),
+                           benchmarks=data["benchmarks"]))
+    return loaded
+
+
+def duration(value: float, unit: str) -> str:
+    """A Google Benchmark time in the largest unit that keeps it at 1 or more."""
+    secs = value * {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[unit]
+    for name, size in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if secs >= size:
+            return f"{secs / size:.3g} {name}"
+    return f"{secs / 1e-9:.3g} ns"
+
+
+def micro_table(micro: List[Dict[str, Any]]) -> str:
+    """One row per benchmark (the median aggregate where repetitions were run)."""
+    lines = ["| benchmark | real time | CPU time | throughput | items/s |", "|---|---|---|---|---|"]
+    for source in micro:
+        benchmarks = source["benchmarks"]
+        if any(b.get("run_type") == "aggregate" for b in benchmarks):
+            benchmarks = [b for b in benchmarks if b.get("aggregate_name") == "median"]
+        for b in benchmarks:
+            unit = b.get("time_unit", "ns")
+            rate = b.get("bytes_per_second")
+            items = b.get("items_per_second")
+            lines.append(f"| {b['name']} | {duration(b['real_time'], unit)} | {duration(b['cpu_time'], unit)} | "
+                         f"{f'{rate / 1e9:.2f} GB/s' if rate else '—'} | {f'{items:.3g}' if items else '—'} |")
+    return "\n".join(lines)
+
+
+# --- Plot --------------------------------------------------------------------------------------------
+
+
+def plot(rows: List[Dict[str, Any]], path: Path, memory_bytes: Optional[int]) -> None:
+    """Peak memory against model size, log-log, one line per strategy: filled markers with their
+    min-max range where measured, hollow ones where only the estimate says what it would need."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 6))
+
+    def label_of(row: Dict[str, Any]) -> str:
+        # An estimate is per process, i.e. rank 0's for py-broadcast: it continues that line.
+        if row["status"] == "needs" and row["strategy"] == "py-broadcast":
+            return "py-broadcast [rank 0]"
+        return row_label(row)
+
+    labels = list(dict.fromkeys(label_of(r) for r in rows if r["status"] != "failed"))
+    # Colour says the approach, the marker the runner: the C++, torch.nn and transformers
+    # versions of one approach share a colour.
+    approaches = ["eager", "from-config", "meta-reset", "init-empty", "broadcast [rank 0]", "broadcast [rank",
+                  "deferred-full", "deferred-shard"]
+    colours = dict(zip(approaches, ["tab:blue", "tab:blue", "tab:purple", "tab:purple", "tab:brown", "tab:pink",
+                                    "tab:orange", "tab:green"]))
+    markers = {"cpp": "o", "py": "s", "hf": "^"}
+    for label in labels:
+        approach = next(a for a in approaches if a in label)
+        style = dict(color=colours[approach], marker=markers[label.split("-")[0]])
+        mine = sorted((r for r in rows if label_of(r) == label and r["status"] != "failed"),
+                      key=lambda r: r["parameters"])
+        measured = [r for r in mine if r["status"] == "measured"]
+        needed = [r for r in mine if r["status"] == "needs"]
+        if measured:
+            x = [r["parameters"] for r in measured]
+            s = [r["summary"]["peak_rss_bytes"] for r in measured]
+            y = [v["median"] / 1e9 for v in s]
+            err = [[(v["median"] - v["min"]) / 1e9 for v in s], [(v["max"] - v["median"]) / 1e9 for v in s]]
+            ax.errorbar(x, y, yerr=err, label=label, capsize=3, **style)
+        if needed:
+            # Dotted from the last measured point on, through what the estimate says it would need.
+            bridge = measured[-1:] if measured and measured[-1]["parameters"] < needed[0]["parameters"] else []
+            x = [r["parameters"] for r in bridge + needed]
+            y = [r["summary"]["peak_rss_bytes"]["median"] / 1e9 for r in bridge] + [
+                r["estimate_bytes"] / 1e9 for r in needed]
+            ax.plot(x, y, linestyle=":", markerfacecolor="none", markevery=list(range(len(bridge), len(x))),
+                    label=None if measured else label + " (estimate only)", **style)
+    if memory_bytes:
+        ax.axhline(memory_bytes / 1e9, color="gray", linestyle="--", linewidth=1)
+        ax.text(0.01, memory_bytes / 1e9, " this machine's RAM", transform=ax.get_yaxis_transform(), fontsize=8,
+                color="gray", va="bottom")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("model parameters")
+    ax.set_ylabel("peak RSS per process (GB)")
+    ax.set_title("Peak memory of model initialization (hollow: computed estimate, not run)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --- The page ------------------------------------------------------------------------------------
+
+
+def markdown(results: Dict[str, Any], plot_name: str) -> str:
+    rows, settings = results["rows"], results["settings"]
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    parts = [
+        "# Benchmarks: model initialization, peak memory and time",
+        "",
+        "Generated by the benchmark harness (`bench/harness/`); do not edit by hand. Regenerate with "
+        "the command below after building (`cmake --build build`).",
+        "",
+        f"- **Command**: `{results['command']}`",
+        f"- **Machine**: {describe_machine(results['machine'])}",
+        f"- **Load**: 1-minute load average {results['machine']['load_average']:.1f} at the start and "
+        f"{results['load_average_end']:.1f} at the end (other work shares the CPU when this is above the "
+        "core count; absolute times are then slower than on an idle machine, ratios within a repetition "
+        "less affected)",
+        f"- **Run**: {results['started']}, {results['duration_s'] / 60:.1f} min; {settings['reps']} repetition(s) of "
+        f"each run, each in a fresh process; shard and slice strategies are rank 0 of W = {settings['world']}; "
+        f"py-broadcast runs {settings['broadcast_world']} processes on this machine; Python strategies on "
+        f"device `{settings['device']}`.",
+        "",
+        "Wall time is the construction phase plus what makes the weights real (materialize, `to_empty` + "
+        "re-init, slicing, or the broadcast), after a warm-up on the tiny shape in the same process "
+        "(one-off first-use costs excluded). Peak RSS is the process's `VmHWM`, start-up and libraries "
+        "included. Values are the median, with min–max over the repetitions in parentheses. Ratios "
+        "compare medians with the eager strategy of the same model and runner (C++, torch.nn, "
+        "transformers), measured in this same run. *kept*: bytes of real parameters and buffers at the "
+        "end; *computed*: bytes allocated to produce them. *sliced / fell back*: tensors computed as "
+        "just their slice vs computed whole and then sliced (with the op that forced it). A run whose "
+        f"computed memory estimate exceeds {settings['headroom']:.0%} of `MemAvailable` is not run and "
+        "shows what it needs.",
+        "",
+        "## Strategies",
+        "",
+        *[f"- `{s}`: {plan.BY_NAME[s].description}" for s in strategies],
+        "",
+        "## Results",
+        "",
+        table(rows),
+        "",
+        f"![peak memory vs model size]({plot_name})",
+        "",
+        "## The memory estimate against measurements",
+        "",
+        "The `needs N GB` cells come from this estimate (`bench/harness/plan.py`); here it is next to "
+        "the runs that fit.",
+        "",
+        estimate_table(rows),
+        "",
+        "## Micro-benchmarks (Google Benchmark)",
+        "",
+    ]
+    if results["micro"]:
+        parts += [f"Commands: {', '.join('`' + m['command'] + '`' for m in results['micro'])}", "",
+                  micro_table(results["micro"])]
+    else:
+        parts += ["No Google Benchmark results were given (`--micro BINARY_OR_JSON`) and no binary was found "
+                  "in `build/bench/micro/` when this page was generated."]
+    return "\n".join(parts) + "\n"
+
+
+def write(results: Dict[str, Any], paths: Paths) -> None:
+    for p in (paths.json, paths.markdown, paths.plot):
+        p.parent.mkdir(parents=True, exist_ok=True)
+    paths.json.write_text(json.dumps(results, indent=1) + "\n")
+    plot(results["rows"], paths.plot, results["machine"]["memory_bytes"])
+    plot_name = os.path.relpath(paths.plot, paths.markdown.parent)
+    paths.markdown.write_text(markdown(results, plot_name))

@@ -1,0 +1,200 @@
+"""One Python initialization strategy, measured in a process of its own (peak RSS is per process);
+prints one JSON line with the same fields as the C++ runner (bench/strategy_main.cpp).
+
+    python3 -m bench.harness.strategy --strategy py-eager --model llama-125m [--rank R --world W]
+
+py-*  the torch.nn Llama of bench/harness/models.py (torchtitan-style init_weights);
+hf-*  transformers' LlamaForCausalLM built from the same shape.
+
+py-broadcast is one rank of a Gloo process group (MASTER_ADDR and MASTER_PORT in the
+environment): rank 0 builds the model eagerly, the others on the meta device, and every tensor is
+broadcast from rank 0 (what FSDP's sync_module_states does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from bench.harness import models
+
+PY_STRATEGIES = ["py-eager", "py-meta-reset", "py-broadcast", "py-deferred-full", "py-deferred-shard"]
+HF_STRATEGIES = ["hf-from-config", "hf-init-empty", "hf-deferred-full", "hf-deferred-shard"]
+
+
+def proc_status_bytes(field: str) -> int:
+    """A field of /proc/self/status in bytes: VmHWM is the peak resident set, VmRSS the current."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    return sum(t.nbytes for t in module.parameters()) + sum(t.nbytes for t in module.buffers())
+
+
+class Phases:
+    """Wall time of the construction phase and of what turns the result into real weights."""
+
+    def __init__(self) -> None:
+        self.seconds: Dict[str, float] = {"construct_s": 0.0, "materialize_s": 0.0}
+
+    def time(self, phase: str, fn: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        result = fn()
+        self.seconds[phase] += time.perf_counter() - start
+        return result
+
+
+def slice_rank(module: torch.nn.Module, rank: int, world: int) -> Dict[str, int]:
+    """Keeps only rank's chunk (dim 0, torch.chunk semantics, as torchdefer.Shard) of each
+    parameter: what a rank without deferred init does after building the whole model."""
+    counts = {"tensors_sliced": 0, "elements_sliced": 0}
+    with torch.no_grad():
+        for p in module.parameters():
+            chunk = (p.shape[0] + world - 1) // world
+            start = min(rank * chunk, p.shape[0])
+            counts["tensors_sliced"] += 1
+            counts["elements_sliced"] += p.numel()
+            p.data = p.narrow(0, start, min(chunk, p.shape[0] - start)).clone()
+    return counts
+
+
+def stats_counts(stats: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Sums torchdefer.materialize_module's per-tensor stats the way the C++ runner does."""
+    counts: Dict[str, Any] = dict(bytes_kept=0, bytes_computed=0, tensors_sliced=0, tensors_fallback=0,
+                                  tensors_whole=0, elements_sliced=0, elements_fallback=0, fallback_ops={})
+    for t in stats:
+        counts["bytes_kept"] += t["bytes_kept"]
+        counts["bytes_computed"] += t["bytes_computed"]
+        elements = 1
+        for size in t["global_shape"]:
+            elements *= size
+        if t["box"] is None:
+            counts["tensors_whole"] += 1
+        elif t["sliced"]:
+            counts["tensors_sliced"] += 1
+            counts["elements_sliced"] += elements
+        else:
+            counts["tensors_fallback"] += 1
+            counts["elements_fallback"] += elements
+            counts["fallback_ops"][t["fallback"]] = counts["fallback_ops"].get(t["fallback"], 0) + 1
+    return counts
+
+
+def builder(strategy: str, config: models.LlamaConfig) -> Callable[[], torch.nn.Module]:
+    if strategy.startswith("hf-"):
+        import transformers
+
+        hf_config = models.hf_config(config)
+        return lambda: transformers.AutoModelForCausalLM.from_config(hf_config)
+    return lambda: models.Llama(config)
+
+
+def reinitialize(strategy: str, module: torch.nn.Module) -> None:
+    """The model's own initialization, run again on storage to_empty() allocated."""
+    if strategy.startswith("hf-"):
+        module.apply(module._init_weights)
+    else:
+        module.init_weights()
+
+
+def broadcast_from_rank0(module: torch.nn.Module) -> None:
+    import torch.distributed as dist
+
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        dist.broadcast(tensor.data, src=0)
+
+
+def run(strategy: str, config: models.LlamaConfig, rank: int, world: int, device: torch.device) -> Dict[str, Any]:
+    """Builds `config` with `strategy` and measures it (Note [Warm-up run])."""
+    build = builder(strategy, config)
+    phases = Phases()
+    deferred = strategy.endswith(("deferred-full", "deferred-shard"))
+    if deferred:
+        import torchdefer
+    if strategy == "hf-init-empty":
+        import accelerate
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    baseline_rss = proc_status_bytes("VmRSS")
+    counts: Dict[str, Any] = {}
+
+    if strategy in ("py-eager", "hf-from-config") or (strategy == "py-broadcast" and rank == 0):
+        with torch.device(device):
+            module = phases.time("construct_s", build)
+        counts["bytes_computed"] = module_bytes(module)
+        if strategy == "py-broadcast":
+            phases.time("materialize_s", lambda: broadcast_from_rank0(module))
+        elif world > 1:
+            counts.update(phases.time("materialize_s", lambda: slice_rank(module, rank, world)))
+    elif strategy in ("py-meta-reset", "hf-init-empty", "py-broadcast"):
+        with accelerate.init_empty_weights() if strategy == "hf-init-empty" else torch.device("meta"):
+            module = phases.time("construct_s", build)
+        phases.time("materialize_s", lambda: module.to_empty(device=device))
+        if strategy == "py-broadcast":
+            phases.time("materialize_s", lambda: broadcast_from_rank0(module))
+        else:
+            phases.time("materialize_s", lambda: reinitialize(strategy, module))
+    elif deferred:
+        module = phases.time("construct_s", lambda: torchdefer.deferred_init(build))
+        shard = torchdefer.Shard(rank, world) if strategy.endswith("shard") else None
+        stats = phases.time("materialize_s", lambda: torchdefer.materialize_module(module, device=device, shard=shard))
+        counts = stats_counts(stats)
+    else:
+        raise ValueError(f"unknown strategy '{strategy}'; known: {', '.join(PY_STRATEGIES + HF_STRATEGIES)}")
+    kept = module_bytes(module)
+    result: Dict[str, Any] = dict(
+        strategy=strategy, model=config.name, rank=rank, world=world, device=str(device),
+        parameters=models.parameter_count(config), threads=torch.get_num_threads(), **phases.seconds,
+        wall_s=phases.seconds["construct_s"] + phases.seconds["materialize_s"],
+        baseline_rss_bytes=baseline_rss, peak_rss_bytes=proc_status_bytes("VmHWM"),
+        bytes_kept=kept, bytes_computed=kept, tensors_sliced=0, tensors_fallback=0, tensors_whole=0,
+        elements_sliced=0, elements_fallback=0, fallback_ops={},
+        peak_cuda_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+    )
+    result.update(counts)
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--strategy", required=True, choices=PY_STRATEGIES + HF_STRATEGIES)
+    parser.add_argument("--model", required=True, choices=list(models.CONFIGS))
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="where real tensors are made (cpu, cuda)")
+    args = parser.parse_args(argv)
+    if not 0 <= args.rank < args.world:
+        parser.error("--rank must be below --world")
+    device = torch.device(args.device)
+    if args.strategy == "py-broadcast":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", rank=args.rank, world_size=args.world)
+    # Note [Warm-up run]: the first use of a strategy in a process pays one-off costs that do not
+    # depend on the model (torch's lazily imported meta kernels take seconds under
+    # torch.device("meta"), transformers' first from_config, the first MT19937 jump). The tiny
+    # shape is built once with the same strategy first, so the measured run shows what scales
+    # with the model; the warm-up's few hundred KB are part of the baseline RSS.
+    torch.manual_seed(args.seed)
+    run(args.strategy, models.config("tiny"), args.rank, args.world, device)
+    torch.manual_seed(args.seed)
+    result = run(args.strategy, models.config(args.model), args.rank, args.world, device)
+    print(json.dumps(result), flush=True)
+    if args.strategy == "py-broadcast":
+        # A rank that tears Gloo down while another still talks to it can abort the other
+        # ("terminate called without an active exception"): all ranks leave together.
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The benchmark harness (bench/harness/): every strategy on the tiny shape, the driver end to end
+(processes, estimates, JSON, table, plot, Google Benchmark table), and the shared model shapes."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torchdefer
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = Path(torchdefer.__file__).resolve().parents[2]  # BUILD/python/torchdefer/__init__.py
+FIXTURE = Path(__file__).parent / "fixtures" / "google_benchmark.json"
+sys.path.insert(0, str(REPO))
+
+from bench.harness import models, plan, report, run, strategy  # noqa: E402
+
+TINY = models.config("tiny")
+
+
+@pytest.mark.parametrize("name", [s for s in strategy.PY_STRATEGIES + strategy.HF_STRATEGIES if s != "py-broadcast"])
+def test_python_strategy_measures_the_tiny_model(name):
+    torch.manual_seed(0)
+    result = strategy.run(name, TINY, rank=1, world=2, device=torch.device("cpu"))
+    assert result["strategy"] == name and result["parameters"] == models.parameter_count(TINY)
+    assert result["peak_rss_bytes"] >= result["baseline_rss_bytes"] > 0
+    assert result["wall_s"] == pytest.approx(result["construct_s"] + result["materialize_s"])
+    full = models.parameter_count(TINY) * 4
+    sharded = name.endswith(("-eager", "-from-config", "-shard"))
+    if sharded:
+        # Rank 1 of 2 keeps half of every parameter (dim 0 is even for every tiny parameter).
+        kept_parameters = result["bytes_kept"] - sum(b.nbytes for b in _buffers(name))
+        assert kept_parameters == full // 2
+        assert result["tensors_sliced"] + result["tensors_fallback"] == len(models.parameter_shapes(TINY))
+    else:
+        assert result["bytes_kept"] >= full and result["tensors_sliced"] == 0
+
+
+def _buffers(name):
+    with torch.device("meta"):
+        module = strategy.builder(name, TINY)()
+    return list(module.buffers())
+
+
+def test_shapes_agree_with_the_modules_they_describe():
+    with torch.device("meta"):
+        shapes = sorted(tuple(p.shape) for p in models.Llama(TINY).parameters())
+        hf_shapes = sorted(tuple(p.shape) for p in strategy.builder("hf-from-config", TINY)().parameters())
+    assert shapes == sorted(models.parameter_shapes(TINY)) == hf_shapes
+    assert plan.shard_bytes(TINY, 1) == models.parameter_count(TINY) * 4
+    assert plan.shard_bytes(TINY, 3, rank=0) + plan.shard_bytes(TINY, 3, rank=1) + plan.shard_bytes(
+        TINY, 3, rank=2) == models.parameter_count(TINY) * 4
+
+
+def test_estimate_refuses_what_cannot_fit():
+    big = models.config("llama3-405b")
+    eager = plan.estimate_bytes(plan.BY_NAME["cpp-eager"], big, world=64, broadcast_world=2)
+    assert eager["per_process"] > models.parameter_count(big) * 4
+    assert not plan.fits(eager, available=10**12)
+    shard = plan.estimate_bytes(plan.BY_NAME["cpp-deferred-shard"], TINY, world=1, broadcast_world=2)
+    assert shard["per_process"] > models.parameter_count(TINY) * 4  # world 1: the shard is everything
+    broadcast = plan.estimate_bytes(plan.BY_NAME["py-broadcast"], TINY, world=64, broadcast_world=4)
+    assert broadcast["total"] == pytest.approx(4 * broadcast["per_process"])
+
+
+def test_matrix_names_are_checked():
+    cells = run.parse_matrix(["cpp-*=tiny,llama-30m", "cpp-eager=tiny"])
+    assert [(s.name, c.name) for s, c in cells] == [
+        ("cpp-eager", "tiny"), ("cpp-deferred-full", "tiny"), ("cpp-deferred-shard", "tiny"),
+        ("cpp-eager", "llama-30m"), ("cpp-deferred-full", "llama-30m"), ("cpp-deferred-shard", "llama-30m")]
+    with pytest.raises(ValueError, match="no strategy matches 'rust-\\*'"):
+        run.parse_matrix(["rust-*=tiny"])
+    with pytest.raises(ValueError, match="unknown Llama size 'llama-7t'"):
+        run.parse_matrix(["cpp-*=llama-7t"])
+    with pytest.raises(ValueError, match="STRATEGIES=MODELS"):
+        run.parse_matrix(["cpp-*"])
+
+
+def test_micro_table_renders_google_benchmark_json():
+    micro = report.load_micro([str(FIXTURE)])
+    text = report.micro_table(micro)
+    # With repetitions, only the median aggregates are shown.
+    assert "| BM_Fixture/f32/threads:1_median | 200 µs | 190 µs | 2.50 GB/s | — |" in text
+    assert "| BM_Fixture/items_median | 12.5 ms | 12 ms | — | 80 |" in text
+    assert "_mean" not in text and "| BM_Fixture/f32/threads:1 |" not in text
+
+
+def test_driver_end_to_end(tmp_path):
+    command = [sys.executable, "-m", "bench.harness.run", "--build-dir", str(BUILD), "--out", str(tmp_path),
+               "--world", "2", "--reps", "2", "--micro", str(FIXTURE),
+               "--run", "cpp-*,py-broadcast=tiny", "--run", "cpp-eager=llama3-405b"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    rows = {(r["model"], r["strategy"], r["role"]): r for r in results["rows"]}
+    assert set(rows) == {("tiny", "cpp-eager", ""), ("tiny", "cpp-deferred-full", ""),
+                         ("tiny", "cpp-deferred-shard", ""), ("tiny", "py-broadcast", "rank 0"),
+                         ("tiny", "py-broadcast", "rank 1"), ("llama3-405b", "cpp-eager", "")}
+    needs = rows[("llama3-405b", "cpp-eager", "")]
+    assert needs["status"] == "needs" and needs["estimate_total_bytes"] > 1.6e12 and "runs" not in needs
+    for key, row in rows.items():
+        if key[0] != "tiny":
+            continue
+        assert row["status"] == "measured" and len(row["runs"]) == 2, key
+        assert row["runs"][0]["parameters"] == models.parameter_count(TINY), key  # C++ and Python agree
+        peak = row["summary"]["peak_rss_bytes"]
+        assert peak["min"] <= peak["median"] <= peak["max"]
+    shard = rows[("tiny", "cpp-deferred-shard", "")]["runs"][0]
+    assert shard["tensors_sliced"] == len(models.parameter_shapes(TINY)) and shard["tensors_fallback"] == 0
+    assert results["command"].startswith("python3 -m bench.harness.run --build-dir")
+    page = (tmp_path / "results.md").read_text()
+    assert f"| llama3-405b | 405.85 B | cpp-eager | not run | needs {needs['estimate_total_bytes'] / 1e9:.1f} GB |" in page
+    assert "BM_Fixture/items_median" in page and "![peak memory vs model size](peak_memory.png)" in page
+    assert (tmp_path / "peak_memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| tiny | 107 K | cpp-deferred-shard |" in done.stdout  # the table is printed too
