@@ -298,9 +298,15 @@ def is_deferred(module: torch.nn.Module) -> bool:
     """True if any parameter or buffer of ``module`` is still fake."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"torchdefer.is_deferred expects an nn.Module, got {type(module).__name__}")
-    return any(_C.is_fake(t) for t in module.parameters()) or any(
-        _C.is_fake(t) for t in module.buffers()
+    return any(_C.is_fake(_data_of(t)) for t in module.parameters()) or any(
+        _C.is_fake(_data_of(t)) for t in module.buffers()
     )
+
+
+def _data_of(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding ``t``'s values: a DTensor's local shard (FSDP2, tensor parallel), else ``t``."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
 
 
 # Tensor methods that cannot handle a fake as torch implements them:

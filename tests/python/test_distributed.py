@@ -146,7 +146,9 @@ def fsdp2_worker(rank, world, rng):
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    assert torchdefer.is_deferred(model), "fully_shard's DTensors still hold fakes"
     stats = torchdefer.distributed.materialize_fully_sharded(model, rng=rng)
+    assert not torchdefer.is_deferred(model)
 
     expected = dict(reference.named_parameters())
     for name, param in model.named_parameters():
