@@ -69,6 +69,15 @@ std::optional<CounterDistributionParams> counter_params(const RecordedNode& node
   return std::nullopt;
 }
 
+namespace {
+
+struct TruncatedNormalParams {
+  double mean = 0.0;
+  double std = 1.0;
+  double a = -2.0;
+  double b = 2.0;
+};
+
 std::optional<TruncatedNormalParams> truncated_normal_params(const RecordedNode& node) {
   if (node.op.schema().name() != "torchdefer::trunc_normal_") {
     return std::nullopt;
@@ -94,6 +103,26 @@ void counter_fill_truncated_normal(const at::Tensor& out, const TruncatedNormalP
   out.mul_(params.std * std::sqrt(2.0));
   out.add_(params.mean);
   out.clamp_(params.a, params.b);
+}
+
+}  // namespace
+
+bool has_counter_definition(const RecordedNode& node) {
+  return truncated_normal_params(node) || counter_params(node);
+}
+
+bool counter_fill_node(const RecordedNode& node, const at::Tensor& out, uint64_t seed,
+                       const CounterRegion& region) {
+  const uint64_t stream = node.draws->stream;
+  if (const auto truncated = truncated_normal_params(node)) {
+    counter_fill_truncated_normal(out, *truncated, seed, stream, region);
+    return true;
+  }
+  if (const auto params = counter_params(node)) {
+    counter_fill(out, *params, seed, stream, region);
+    return true;
+  }
+  return false;
 }
 
 }  // namespace torchdefer::detail

@@ -28,20 +28,15 @@ std::optional<CounterDistributionParams> counter_params(const RecordedNode& node
 // sampler PyTorch used before 2.13). The uniform is the counter RNG's; the transform is ATen's
 // erfinv_, mul_, add_ and clamp_, which are region exact (Note [Region-exact pointwise ops]), so
 // a slice has the full tensor's bits, and shards of every world size agree.
-struct TruncatedNormalParams {
-  double mean = 0.0;
-  double std = 1.0;
-  double a = -2.0;
-  double b = 2.0;
-};
 
-// The parameters of a recorded torchdefer::trunc_normal_, if `node` is one.
-std::optional<TruncatedNormalParams> truncated_normal_params(const RecordedNode& node);
+// Whether the random op `node` has a counter-mode definition: a counter distribution (Note
+// [Counter RNG]) or torchdefer's truncated normal.
+bool has_counter_definition(const RecordedNode& node);
 
-// Fills `out` (the part of the op's output that `region` places) in counter mode (Note
-// [Counter-mode truncated normal]).
-void counter_fill_truncated_normal(const at::Tensor& out, const TruncatedNormalParams& params,
-                                   uint64_t seed, uint64_t stream,
-                                   const CounterRegion& region = {});
+// Fills `out` with the counter-mode values of random op `node` (seed `seed`, the op's stream) at
+// the positions `region` places `out` in the op's output; false, touching nothing, if `node` has
+// no counter-mode definition.
+bool counter_fill_node(const RecordedNode& node, const at::Tensor& out, uint64_t seed,
+                       const CounterRegion& region = {});
 
 }  // namespace torchdefer::detail

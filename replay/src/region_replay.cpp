@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/enum_tag.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <limits>
@@ -68,14 +69,6 @@ std::optional<BoxView> box_view(const RecordedValue& view, const RecordedValue& 
   return box;
 }
 
-int64_t numel(const std::vector<int64_t>& sizes) {
-  int64_t n = 1;
-  for (const int64_t size : sizes) {
-    n *= size;
-  }
-  return n;
-}
-
 // Note [Whole reshapes]
 // ~~~~~~~~~~~~~~~~~~~~~
 // A contiguous view with the same elements as its contiguous base, but another shape (FSDP2
@@ -84,7 +77,8 @@ int64_t numel(const std::vector<int64_t>& sizes) {
 bool reshapes_whole_base(const RecordedValue& view, const RecordedValue& base) {
   return view.dtype == base.dtype && view.storage_offset == base.storage_offset &&
          view.strides == contiguous_strides(view.sizes) &&
-         base.strides == contiguous_strides(base.sizes) && numel(view.sizes) == numel(base.sizes);
+         base.strides == contiguous_strides(base.sizes) &&
+         c10::multiply_integers(view.sizes) == c10::multiply_integers(base.sizes);
 }
 
 bool empty(const Box& box) {
@@ -254,10 +248,9 @@ at::Tensor slice(const at::Tensor& t, const Box& box) {
 }
 
 RegionReplay::RegionReplay(std::shared_ptr<OpGraph> graph, const MaterializeOptions& options)
-    : graph_(*graph),
-      graph_ptr_(std::move(graph)),
+    : graph_(std::move(graph)),
       options_(options),
-      seed_(options.counter_seed().value_or(graph_.counter_seed())) {}
+      seed_(options.counter_seed().value_or(graph_->counter_seed())) {}
 
 bool RegionReplay::fail(std::string why) {
   why_ = std::move(why);
@@ -281,16 +274,17 @@ std::optional<at::Tensor> RegionReplay::local(int64_t value, const Box& box) {
 
 std::optional<at::Tensor> RegionReplay::local_before(int64_t value_index, const Box& box,
                                                      int64_t before) {
-  const RecordedValue& value = graph_.values()[value_index];
-  const RecordedStorage& storage = graph_.storages()[value.storage];
+  const RecordedValue& value = graph_->values()[value_index];
+  const RecordedStorage& storage = graph_->storages()[value.storage];
   if (storage.base_value < 0) {
     fail("a tensor this recording did not create");
     return std::nullopt;
   }
-  const RecordedValue& base = graph_.values()[storage.base_value];
-  const RecordedNode& creator = graph_.nodes()[storage.creator];
-  if (!(creator.draws && counter_params(creator)) && !is_factory(creator.op.schema().name()) &&
-      !region_exact_pointwise(creator, base.dtype)) {
+  const RecordedValue& base = graph_->values()[storage.base_value];
+  // Checked before the view's geometry, so that the stats name the op when both fail.
+  const RecordedNode& creator = graph_->nodes()[storage.creator];
+  if (!(creator.draws && has_counter_definition(creator)) &&
+      !is_factory(creator.op.schema().name()) && !region_exact_pointwise(creator, base.dtype)) {
     fail(c10::toString(creator.op.schema().operator_name()));
     return std::nullopt;
   }
@@ -313,8 +307,8 @@ std::optional<at::Tensor> RegionReplay::local_before(int64_t value_index, const 
 
 std::optional<at::Tensor> RegionReplay::storage_region(int64_t storage_index, const Box& region,
                                                        int64_t before) {
-  const RecordedStorage& storage = graph_.storages()[storage_index];
-  const RecordedValue& base = graph_.values()[storage.base_value];
+  const RecordedStorage& storage = graph_->storages()[storage_index];
+  const RecordedValue& base = graph_->values()[storage.base_value];
   std::optional<at::Tensor> result = created(storage.creator, base, region);
   if (!result) {
     return std::nullopt;
@@ -334,7 +328,7 @@ std::optional<at::Tensor> RegionReplay::input_region(const RecordedInput& input,
     case RecordedInput::Kind::kUndefined:
       return at::Tensor();
     case RecordedInput::Kind::kValue: {
-      const RecordedValue& value = graph_.values()[input.value];
+      const RecordedValue& value = graph_->values()[input.value];
       const std::optional<Box> box = broadcast_box(value.sizes, output_sizes, region);
       if (!box) {
         fail("an input that does not broadcast to the output");
@@ -369,7 +363,7 @@ at::Tensor RegionReplay::local_or_whole(int64_t value, const Box& box, int64_t b
 }
 
 at::Tensor RegionReplay::compute_whole(int64_t value, int64_t before) {
-  GraphReplay replay(graph_ptr_, options_);
+  GraphReplay replay(graph_, options_);
   replay.add_value(value);
   replay.stop_before(before);
   replay.plan();
@@ -382,17 +376,16 @@ at::Tensor RegionReplay::compute_whole(int64_t value, int64_t before) {
 
 std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedValue& base,
                                                 const Box& region) {
-  const RecordedNode& node = graph_.nodes()[index];
+  const RecordedNode& node = graph_->nodes()[index];
   const std::string& name = node.op.schema().name();
   const std::string op = c10::toString(node.op.schema().operator_name());
   if (node.draws) {
-    const auto params = counter_params(node);
-    if (options_.rng() != RngMode::kCounter || !params) {
+    if (options_.rng() != RngMode::kCounter || !has_counter_definition(node)) {
       fail(op);
       return std::nullopt;
     }
     at::Tensor result = allocate(region, base);
-    counter_fill(result, *params, seed_, node.draws->stream, {base.sizes, region.start});
+    counter_fill_node(node, result, seed_, {base.sizes, region.start});
     return result;
   }
   if (is_factory(name)) {
@@ -437,13 +430,13 @@ std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedVal
 
 bool RegionReplay::apply_write(int64_t index, const RecordedValue& base, const Box& region,
                                at::Tensor& local) {
-  const RecordedNode& node = graph_.nodes()[index];
+  const RecordedNode& node = graph_->nodes()[index];
   const std::string op = c10::toString(node.op.schema().operator_name());
   if (!writes_first_argument(node.op.schema()) || node.inputs.empty() ||
       node.inputs[0].kind != RecordedInput::Kind::kValue) {
     return fail(op);
   }
-  const RecordedValue& target = graph_.values()[node.inputs[0].value];
+  const RecordedValue& target = graph_->values()[node.inputs[0].value];
   const std::optional<BoxView> view = box_view(target, base);
   if (!view) {
     return fail(op + " through a view that is not a box");
@@ -454,20 +447,9 @@ bool RegionReplay::apply_write(int64_t index, const RecordedValue& base, const B
   }
   at::Tensor part = view_part(local, region, *view, part_box);
   if (node.draws) {
-    if (options_.rng() != RngMode::kCounter) {
-      return fail(op);
-    }
-    const CounterRegion part_region{target.sizes, part_box.start};
-    if (const auto truncated = truncated_normal_params(node)) {
-      counter_fill_truncated_normal(part, *truncated, seed_, node.draws->stream, part_region);
-      return true;
-    }
-    const auto params = counter_params(node);
-    if (!params) {
-      return fail(op);
-    }
-    counter_fill(part, *params, seed_, node.draws->stream, part_region);
-    return true;
+    return (options_.rng() == RngMode::kCounter &&
+            counter_fill_node(node, part, seed_, {target.sizes, part_box.start})) ||
+           fail(op);
   }
   if (!region_exact_pointwise(node, target.dtype)) {
     return fail(op);

@@ -76,8 +76,7 @@ class RegionReplay {
   at::Tensor allocate(const Box& region, const RecordedValue& like);
   bool fail(std::string why);
 
-  const OpGraph& graph_;
-  std::shared_ptr<OpGraph> graph_ptr_;
+  std::shared_ptr<OpGraph> graph_;
   const MaterializeOptions& options_;
   uint64_t seed_;
   std::string why_;

@@ -290,28 +290,20 @@ uint64_t mix(uint64_t x) {
 // element-addressable. Returns false when the op should run normally after that seeding.
 bool GraphReplay::run_counter_node(int64_t index, const RecordedNode& node, c10::Device device) {
   const uint64_t seed = options_.counter_seed().value_or(graph_->counter_seed());
-  const uint64_t stream = node.draws->stream;
-  if (const auto truncated = truncated_normal_params(node)) {
-    counter_fill_truncated_normal(input_tensor(node.inputs[0], device), *truncated, seed, stream);
-    return true;
-  }
-  const std::optional<CounterDistributionParams> params = counter_params(node);
-  if (!params) {
+  if (!has_counter_definition(node)) {
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     const std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_current_seed(mix(seed ^ mix(stream)));
+    generator.set_current_seed(mix(seed ^ mix(node.draws->stream)));
     return false;
   }
-  const c10::FunctionSchema& schema = node.op.schema();
-  if (writes_first_argument(schema)) {
-    counter_fill(input_tensor(node.inputs[0], device), *params, seed, stream);
-    return true;
+  if (writes_first_argument(node.op.schema())) {
+    return counter_fill_node(node, input_tensor(node.inputs[0], device), seed);
   }
   const int64_t value = node.outputs.at(0);
   const RecordedValue& out = graph_->values()[value];
   const at::Tensor result = at::empty_strided(
       out.sizes, out.strides, at::TensorOptions().dtype(out.dtype).device(device_for(out)));
-  counter_fill(result, *params, seed, stream);
+  counter_fill_node(node, result, seed);
   const int64_t storage = storage_of_value(value);
   if (graph_->storages()[storage].creator == index && to_replay_.count(storage)) {
     replayed_[storage] = result.storage();
