@@ -3,7 +3,15 @@
 // no code (see counter_rng_simd.h for why).
 #pragma once
 
+#include <cstdint>
+
 namespace torchdefer::counter_math_constants {
+
+// Philox4x32-10's multipliers and key increments (Random123).
+constexpr uint32_t kPhiloxMul0 = 0xD2511F53u;
+constexpr uint32_t kPhiloxMul1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9u;
+constexpr uint32_t kPhiloxWeyl1 = 0xBB67AE85u;
 
 constexpr double kLn2Hi = 6.93147180369123816490e-01;  // ln 2 rounded to 32 significant bits
 constexpr double kLn2Lo = 1.90821492927058770002e-10;  // ln 2 − kLn2Hi

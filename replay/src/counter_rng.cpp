@@ -23,17 +23,13 @@
 namespace torchdefer {
 
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
-  constexpr uint32_t kMul0 = 0xD2511F53u;
-  constexpr uint32_t kMul1 = 0xCD9E8D57u;
-  constexpr uint32_t kWeyl0 = 0x9E3779B9u;
-  constexpr uint32_t kWeyl1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
     if (round > 0) {
-      k[0] += kWeyl0;
-      k[1] += kWeyl1;
+      k[0] += counter_math_constants::kPhiloxWeyl0;
+      k[1] += counter_math_constants::kPhiloxWeyl1;
     }
-    const uint64_t p0 = uint64_t{kMul0} * c[0];
-    const uint64_t p1 = uint64_t{kMul1} * c[2];
+    const uint64_t p0 = uint64_t{counter_math_constants::kPhiloxMul0} * c[0];
+    const uint64_t p1 = uint64_t{counter_math_constants::kPhiloxMul1} * c[2];
     c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<uint32_t>(p1),
          static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k[1], static_cast<uint32_t>(p0)};
   }
@@ -531,22 +527,63 @@ bool avx512_available() {
 
 }  // namespace counter_simd
 
+// Note [Merged rows]
+// ~~~~~~~~~~~~~~~~~~
+// fill_typed walks `out` one row (last dimension) at a time, and the vector kernels fill whole
+// groups of elements within a row; a conv weight [256, 64, 3, 3] has rows of 3, all of which
+// would take the scalar path. So adjacent dimensions that are contiguous with each other in
+// `out`, and that the region covers fully in the inner one, are merged first: a whole contiguous
+// tensor becomes one row. The global row-major index of every element is unchanged: for a fully
+// covered inner dimension of global size G, (s + i) * G * g + j * g == (s * G + i * G + j) * g.
 void counter_fill(const at::Tensor& out, const CounterDistributionParams& params, uint64_t seed,
                   uint64_t stream, CounterRegion region) {
   const int64_t dims = out.dim();
-  RowIndex index;
   const c10::IntArrayRef global = region.global_sizes.empty() ? out.sizes() : region.global_sizes;
-  TORCH_CHECK(static_cast<int64_t>(global.size()) == dims, "torchdefer: counter_fill: region of ",
-              global.size(), " dimensions for a tensor of ", dims);
-  index.global_strides.assign(static_cast<size_t>(dims), 1);
-  for (int64_t d = dims - 2; d >= 0; --d) {
-    index.global_strides[d] = index.global_strides[d + 1] * global[d + 1];
+  TORCH_CHECK(static_cast<int64_t>(global.size()) == dims,
+              "torchdefer: counter_fill: the region's ", "global shape ", global, " has ",
+              global.size(), " dimensions but `out` ", out.sizes(), " has ", dims,
+              "; give the op's whole output shape.");
+  const std::vector<int64_t> start = region.start.empty()
+                                         ? std::vector<int64_t>(static_cast<size_t>(dims), 0)
+                                         : region.start.vec();
+  TORCH_CHECK(static_cast<int64_t>(start.size()) == dims, "torchdefer: counter_fill: the region ",
+              "starts at ", region.start, " but `out` ", out.sizes(), " has ", dims,
+              " dimensions; give one start per dimension.");
+  for (int64_t d = 0; d < dims; ++d) {
+    TORCH_CHECK(start[d] >= 0 && start[d] + out.size(d) <= global[d],
+                "torchdefer: counter_fill: `out` ", out.sizes(), " placed at ",
+                c10::IntArrayRef(start), " does not fit in the global shape ", global,
+                " along dimension ", d, ".");
   }
-  index.start = region.start.empty() ? std::vector<int64_t>(static_cast<size_t>(dims), 0)
-                                     : region.start.vec();
+  if (out.numel() == 0) {
+    return;
+  }
+  std::vector<int64_t> sizes, strides, merged_global;
+  RowIndex index;
+  for (int64_t d = 0; d < dims; ++d) {
+    const bool merges = !sizes.empty() && strides.back() == out.stride(d) * out.size(d) &&
+                        start[d] == 0 && out.size(d) == global[d];
+    if (merges) {
+      sizes.back() *= out.size(d);
+      strides.back() = out.stride(d);
+      merged_global.back() *= global[d];
+      index.start.back() *= global[d];
+      continue;
+    }
+    sizes.push_back(out.size(d));
+    strides.push_back(out.stride(d));
+    merged_global.push_back(global[d]);
+    index.start.push_back(start[d]);
+  }
+  const auto merged_dims = static_cast<int64_t>(sizes.size());
+  index.global_strides.assign(sizes.size(), 1);
+  for (int64_t d = merged_dims - 2; d >= 0; --d) {
+    index.global_strides[d] = index.global_strides[d + 1] * merged_global[d + 1];
+  }
+  const at::Tensor rows = out.as_strided(sizes, strides, out.storage_offset());
   AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, out.scalar_type(),
                              "torchdefer_counter_fill",
-                             [&] { fill_typed<scalar_t>(out, params, seed, stream, index); });
+                             [&] { fill_typed<scalar_t>(rows, params, seed, stream, index); });
 }
 
 }  // namespace torchdefer

@@ -40,10 +40,10 @@ void philox(uint64_t base_block, uint64_t stream, uint64_t seed, __m256i out[kGr
   }
   __m256i k0 = _mm256_set1_epi32(static_cast<int>(seed));
   __m256i k1 = _mm256_set1_epi32(static_cast<int>(seed >> 32));
-  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
-  const __m256i w0 = _mm256_set1_epi32(static_cast<int>(0x9E3779B9u));
-  const __m256i w1 = _mm256_set1_epi32(static_cast<int>(0xBB67AE85u));
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(counter_math_constants::kPhiloxMul0));
+  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(counter_math_constants::kPhiloxMul1));
+  const __m256i w0 = _mm256_set1_epi32(static_cast<int>(counter_math_constants::kPhiloxWeyl0));
+  const __m256i w1 = _mm256_set1_epi32(static_cast<int>(counter_math_constants::kPhiloxWeyl1));
   for (int round = 0; round < 10; ++round) {
     if (round > 0) {
       k0 = _mm256_add_epi32(k0, w0);

@@ -41,10 +41,10 @@ void philox(uint64_t base_block, uint64_t stream, uint64_t seed, __m512i out[kGr
   }
   __m512i k0 = _mm512_set1_epi32(static_cast<int>(seed));
   __m512i k1 = _mm512_set1_epi32(static_cast<int>(seed >> 32));
-  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m512i m1 = _mm512_set1_epi32(static_cast<int>(0xCD9E8D57u));
-  const __m512i w0 = _mm512_set1_epi32(static_cast<int>(0x9E3779B9u));
-  const __m512i w1 = _mm512_set1_epi32(static_cast<int>(0xBB67AE85u));
+  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(counter_math_constants::kPhiloxMul0));
+  const __m512i m1 = _mm512_set1_epi32(static_cast<int>(counter_math_constants::kPhiloxMul1));
+  const __m512i w0 = _mm512_set1_epi32(static_cast<int>(counter_math_constants::kPhiloxWeyl0));
+  const __m512i w1 = _mm512_set1_epi32(static_cast<int>(counter_math_constants::kPhiloxWeyl1));
   // The high halves of the even and the odd lanes' 64-bit products, in one permute.
   const __m512i high_index =
       _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);

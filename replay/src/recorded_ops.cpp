@@ -17,6 +17,9 @@ std::optional<double> double_argument(const RecordedNode& node, std::string_view
   return std::nullopt;
 }
 
+namespace {
+
+// The counter distribution of a random op, if it has one (Note [Counter RNG]).
 std::optional<CounterDistributionParams> counter_params(const RecordedNode& node) {
   const std::string& name = node.op.schema().name();
   const std::string& overload = node.op.schema().overload_name();
@@ -68,8 +71,6 @@ std::optional<CounterDistributionParams> counter_params(const RecordedNode& node
   }
   return std::nullopt;
 }
-
-namespace {
 
 struct TruncatedNormalParams {
   double mean = 0.0;

@@ -13,9 +13,6 @@ namespace torchdefer::detail {
 // The value of a float or int argument of `node` named `name`, if it has one.
 std::optional<double> double_argument(const RecordedNode& node, std::string_view name);
 
-// The counter distribution of a random op, if it has one (Note [Counter RNG]).
-std::optional<CounterDistributionParams> counter_params(const RecordedNode& node);
-
 // Note [Counter-mode truncated normal]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // torch.nn.init.trunc_normal_ is rejection sampling in PyTorch 2.13: how many numbers it draws

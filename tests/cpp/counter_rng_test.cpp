@@ -3,6 +3,7 @@
 // tensor's bits.
 #include <torchdefer/counter_rng.h>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -315,6 +316,39 @@ TEST(CounterRng, FillsNonContiguousOutputsByTheirOwnRowMajorIndex) {
   at::Tensor transposed = storage.t();
   counter_fill(transposed, uniform, 7, 3);
   EXPECT_TRUE(bitwise_equal(transposed, contiguous));
+}
+
+// Note [Merged rows]: a conv-shaped weight, whole or a dim-0 shard of it, has the bits of the
+// same elements filled as one flat row.
+TEST(CounterRng, ShortRowsGiveTheBitsOfOneLongRow) {
+  for (const auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+    for (const auto distribution : {Distribution::kUniform, Distribution::kNormal}) {
+      const CounterDistributionParams params{distribution, -0.5, 2.0};
+      const at::Tensor flat = filled({5 * 7 * 3 * 3}, dtype, params);
+      const at::Tensor conv = filled({5, 7, 3, 3}, dtype, params);
+      EXPECT_TRUE(bitwise_equal(conv.reshape(-1), flat)) << dtype;
+      at::Tensor shard = torch::empty({2, 7, 3, 3}, dtype);
+      counter_fill(shard, params, 7, 3, {{5, 7, 3, 3}, {3, 0, 0, 0}});
+      EXPECT_TRUE(bitwise_equal(shard.reshape(-1), flat.narrow(0, 3 * 63, 2 * 63))) << dtype;
+    }
+  }
+}
+
+TEST(CounterRng, RefusesARegionThatDoesNotFitItsOutput) {
+  const CounterDistributionParams uniform{Distribution::kUniform, 0, 1};
+  at::Tensor out = torch::empty({4, 4});
+  EXPECT_THAT(testing::error_of([&] {
+                counter_fill(out, uniform, 7, 3, {{4, 4}, {2, 0}});
+              }),
+              ::testing::HasSubstr("does not fit in the global shape"));
+  EXPECT_THAT(testing::error_of([&] {
+                counter_fill(out, uniform, 7, 3, {{4, 4}, {0}});
+              }),
+              ::testing::HasSubstr("one start per dimension"));
+  EXPECT_THAT(testing::error_of([&] {
+                counter_fill(out, uniform, 7, 3, {{16}, {}});
+              }),
+              ::testing::HasSubstr("give the op's whole output shape"));
 }
 
 TEST(CounterRng, UniformFollowsItsDistributionInEveryFloatingDtype) {
