@@ -159,7 +159,7 @@ def _named_tensors(
         tensors = [] if buffers_only else [(n, p, True) for n, p in m.named_parameters(recurse=False)]
         tensors += [(n, b, False) for n, b in m.named_buffers(recurse=False)]
         for local_name, tensor, is_parameter in tensors:
-            if tensor is None or id(tensor) in seen or not _C.is_fake(tensor):
+            if id(tensor) in seen or not _C.is_fake(tensor):
                 continue
             seen.add(id(tensor))
             entries.append((prefix + local_name, tensor, is_parameter))

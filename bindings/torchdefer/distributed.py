@@ -91,10 +91,11 @@ def materialize_fully_sharded(
         name = names.get(id(fsdp_param.sharded_param), fsdp_param._module_info.param_name)
         entries.append((name, fsdp_param._sharded_param_data, True))
         regions[name] = ([0], [fsdp_param._sharded_param_data.numel()])
-    device = None if device is None else torch.device(device)
-    stats = _C.materialize_named(entries, device, rng, counter_seed, None, regions)
+    torchdefer._check_options(None, rng, None, counter_seed)
+    # One call for the local shards and everything else still fake (buffers, parameters FSDP2 does
+    # not manage; no region: whole), so that a failure leaves all of it as it was.
+    entries += torchdefer._named_tensors(module, None, False)
+    stats = _C.materialize_named(entries, torchdefer._device(device), rng, counter_seed, None, regions)
     for fsdp_param in pending:
         _point_local_tensor_at_buffer(fsdp_param)
-    return stats + torchdefer.materialize_module(
-        module, device=device, rng=rng, counter_seed=counter_seed
-    )
+    return stats
