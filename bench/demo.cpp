@@ -40,25 +40,28 @@ struct Options {
       << "torchdefer_demo: " << problem << "\n"
       << "usage: torchdefer_demo [--model NAME] [--device DEVICE] [--verify-model NAME|none]\n"
       << "                       [--dim N] [--layers N] [--heads N] [--kv-heads N] [--ffn N]\n"
-      << "                       [--vocab N]\n"
+      << "                       [--vocab N] [--shard RANK/WORLD|none]\n"
       << "  NAME: llama3-405b, llama3-70b (default), llama3-8b, llama3.2-1b, llama-125m,"
          " llama-30m, tiny\n"
       << "  DEVICE: the device the recorded model reports (default cuda; no GPU needed)\n"
       << "  --verify-model: the model materialized and checked against eager (default "
-         "llama-30m)\n";
+         "llama-30m)\n"
+      << "  --shard: the rank materialized from the recorded model (default 0/64; none skips it)\n";
   std::exit(2);
 }
 
-int64_t positive(const std::string& flag, const std::string& value) {
+// `value` as an integer of at least `minimum`, or the usage message naming `flag`.
+int64_t integer(const std::string& flag, const std::string& value, int64_t minimum) {
   try {
     size_t used = 0;
     const int64_t n = std::stoll(value, &used);
-    if (used == value.size() && n > 0) {
+    if (used == value.size() && n >= minimum) {
       return n;
     }
   } catch (const std::exception&) {
   }
-  usage(flag + " needs a positive integer, got '" + value + "'");
+  usage(flag + " needs an integer of at least " + std::to_string(minimum) + ", got '" + value +
+        "'");
 }
 
 Options parse(int argc, char** argv) {
@@ -96,9 +99,8 @@ Options parse(int argc, char** argv) {
       } else if (slash == std::string::npos) {
         usage("--shard needs RANK/WORLD, e.g. 0/64, or none");
       } else {
-        const int64_t world = positive("--shard WORLD", value.substr(slash + 1));
-        const int64_t rank =
-            value.substr(0, slash) == "0" ? 0 : positive("--shard RANK", value.substr(0, slash));
+        const int64_t world = integer("--shard WORLD", value.substr(slash + 1), 1);
+        const int64_t rank = integer("--shard RANK", value.substr(0, slash), 0);
         if (rank >= world) {
           usage("--shard: RANK must be below WORLD, got " + value);
         }
@@ -111,7 +113,7 @@ Options parse(int argc, char** argv) {
         usage("--device: '" + value + "' is not a device (cpu, cuda, cuda:1, ...)");
       }
     } else if (auto size = sizes.find(flag); size != sizes.end()) {
-      options.config.*(size->second) = positive(flag, value);
+      options.config.*(size->second) = integer(flag, value, 1);
       options.config.name = "custom";
     } else {
       usage("unknown flag " + flag);
