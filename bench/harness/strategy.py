@@ -20,10 +20,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from bench.harness import models
+from bench.harness import models, plan
 
-PY_STRATEGIES = ["py-eager", "py-meta-reset", "py-broadcast", "py-deferred-full", "py-deferred-shard"]
-HF_STRATEGIES = ["hf-from-config", "hf-init-empty", "hf-deferred-full", "hf-deferred-shard"]
+# The strategies this runner implements: plan.STRATEGIES is the one list of them.
+STRATEGIES = [s.name for s in plan.STRATEGIES if s.runner == "py"]
 
 
 def proc_status_bytes(field: str) -> int:
@@ -148,7 +148,7 @@ def run(strategy: str, config: models.LlamaConfig, rank: int, world: int, device
         stats = phases.time("materialize_s", lambda: torchdefer.materialize_module(module, device=device, shard=shard))
         counts = stats_counts(stats)
     else:
-        raise ValueError(f"unknown strategy '{strategy}'; known: {', '.join(PY_STRATEGIES + HF_STRATEGIES)}")
+        raise ValueError(f"unknown strategy '{strategy}'; known: {', '.join(STRATEGIES)}")
     kept = module_bytes(module)
     result: Dict[str, Any] = dict(
         strategy=strategy, model=config.name, rank=rank, world=world, device=str(device),
@@ -165,7 +165,7 @@ def run(strategy: str, config: models.LlamaConfig, rank: int, world: int, device
 
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--strategy", required=True, choices=PY_STRATEGIES + HF_STRATEGIES)
+    parser.add_argument("--strategy", required=True, choices=STRATEGIES)
     parser.add_argument("--model", required=True, choices=list(models.CONFIGS))
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--world", type=int, default=1)

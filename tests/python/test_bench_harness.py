@@ -21,7 +21,7 @@ from bench.harness import models, plan, report, run, strategy  # noqa: E402
 TINY = models.config("tiny")
 
 
-@pytest.mark.parametrize("name", [s for s in strategy.PY_STRATEGIES + strategy.HF_STRATEGIES if s != "py-broadcast"])
+@pytest.mark.parametrize("name", [s for s in strategy.STRATEGIES if s != "py-broadcast"])
 def test_python_strategy_measures_the_tiny_model(name):
     torch.manual_seed(0)
     result = strategy.run(name, TINY, rank=1, world=2, device=torch.device("cpu"))
