@@ -169,8 +169,7 @@ class Recorder {
                              ") in deferred_init of ", tls_graph->context()));
       throw;
     }
-    c10::impl::ExcludeDispatchKeyGuard real_only(c10::DispatchKeySet(kFakeKey) |
-                                                 c10::DispatchKeySet(kDeferredInitKey));
+    RealOnlyGuard real_only;
     op_.callBoxed(&stack_);
     if (device->is_cpu()) {
       return;
@@ -198,8 +197,7 @@ class Recorder {
       return input;
     }
     if (is_borrowed_memory(t)) {
-      c10::impl::ExcludeDispatchKeyGuard real_only(c10::DispatchKeySet(kFakeKey) |
-                                                   c10::DispatchKeySet(kDeferredInitKey));
+      RealOnlyGuard real_only;
       input.kind = RecordedInput::Kind::kConstant;
       input.tensor = t.clone();
       return input;

@@ -10,7 +10,6 @@
 #include <ATen/core/enum_tag.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/GradMode.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cstring>
 #include <mutex>
@@ -162,8 +161,7 @@ namespace {
 std::optional<std::string> run_on_scratch(const RecordedNode& node, const at::Tensor& target) {
   const c10::FunctionSchema& schema = node.op.schema();
   const bool writes_self = writes_first_argument(schema);
-  c10::impl::ExcludeDispatchKeyGuard real_only(c10::DispatchKeySet(kFakeKey) |
-                                               c10::DispatchKeySet(kDeferredInitKey));
+  RealOnlyGuard real_only;
   c10::AutoGradMode no_grad(false);
   torch::jit::Stack stack;
   size_t next_input = 0;

@@ -5,7 +5,6 @@
 #include <torchdefer/torch_compat.h>
 
 #include <c10/core/GradMode.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/StringUtil.h>
 #include <torch/nn/module.h>
 
@@ -128,8 +127,7 @@ at::Tensor compute_shard(const NamedTensor& entry, const Box& box,
               describe(entry.tensor), "): it was made under a FakeMode, which records nothing.");
   std::shared_ptr<OpGraph> graph = rec->graph;
   const std::lock_guard<std::mutex> lock(graph->mutex());
-  c10::impl::ExcludeDispatchKeyGuard real_only(c10::DispatchKeySet(kFakeKey) |
-                                               c10::DispatchKeySet(kDeferredInitKey));
+  RealOnlyGuard real_only;
   c10::AutoGradMode no_grad(false);
   detail::RegionReplay region(graph, options);
   if (std::optional<at::Tensor> local = region.local(rec->value, box)) {

@@ -16,7 +16,6 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/GradMode.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -165,8 +164,7 @@ void GraphReplay::validate() {
       continue;
     }
     try {
-      c10::impl::ExcludeDispatchKeyGuard real_only(c10::DispatchKeySet(kFakeKey) |
-                                                   c10::DispatchKeySet(kDeferredInitKey));
+      RealOnlyGuard real_only;
       at::empty({0}, at::TensorOptions().device(device));
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, "torchdefer: cannot materialize ",
@@ -379,8 +377,7 @@ void GraphReplay::execute(ProgressReporter* progress) {
       }
     }
   }
-  c10::impl::ExcludeDispatchKeyGuard real_only(c10::DispatchKeySet(kFakeKey) |
-                                               c10::DispatchKeySet(kDeferredInitKey));
+  RealOnlyGuard real_only;
   c10::AutoGradMode no_grad(false);
   GeneratorRestorer restore_generator;
   for (const int64_t index : nodes_) {

@@ -7,7 +7,6 @@
 #include <torchdefer/torch_compat.h>
 #include <torchdefer/value_reader.h>
 
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include <mutex>
@@ -34,8 +33,7 @@ at::Tensor replay_value(const at::Tensor& fake) {
               "Materialize that tensor first.");
   replay.execute();
   // The result may view a storage that was already real (materialized during construction).
-  c10::impl::ExcludeDispatchKeyGuard real_only(c10::DispatchKeySet(kFakeKey) |
-                                               c10::DispatchKeySet(kDeferredInitKey));
+  RealOnlyGuard real_only;
   return replay.result(0).clone();
 }
 

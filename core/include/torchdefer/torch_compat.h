@@ -3,6 +3,8 @@
 #pragma once
 
 #include <c10/core/DispatchKey.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 namespace torchdefer {
 
@@ -25,5 +27,18 @@ namespace torchdefer {
 // torchdefer registers the fallback. No other file names these keys.
 inline constexpr c10::DispatchKey kFakeKey = c10::DispatchKey::Fake;
 inline constexpr c10::DispatchKey kDeferredInitKey = c10::DispatchKey::DeferredInit;
+
+// While alive, ops dispatch as if neither key existed: real tensors, nothing faked or recorded
+// (replaying, reading values, running an op for real at record time).
+class RealOnlyGuard {
+ public:
+  RealOnlyGuard() = default;
+  RealOnlyGuard(const RealOnlyGuard&) = delete;
+  RealOnlyGuard& operator=(const RealOnlyGuard&) = delete;
+
+ private:
+  c10::impl::ExcludeDispatchKeyGuard guard_{c10::DispatchKeySet(kFakeKey) |
+                                            c10::DispatchKeySet(kDeferredInitKey)};
+};
 
 }  // namespace torchdefer
