@@ -98,10 +98,9 @@ class FakeCall {
       run_real(keys);
       return;
     }
-    if (answer_equal_of_identical_views()) {
+    if (answer_or_refuse_data_dependent_op()) {
       return;
     }
-    reject_data_dependent_op();
     reject_writes_into_real_tensors();
     const c10::Device device = output_device();
     run_on_meta();
@@ -141,27 +140,26 @@ class FakeCall {
                         &stack_);
   }
 
-  // torch::equal(a, b) of the same view needs no data (same_fake_view()).
-  bool answer_equal_of_identical_views() {
-    if (schema_.name() != "aten::equal" || tensors_.size() != 2 ||
-        !same_fake_view(tensors_[0].tensor, tensors_[1].tensor)) {
-      return false;
-    }
-    torch::jit::drop(stack_, schema_.arguments().size());
-    torch::jit::push(stack_, true);
-    return true;
-  }
-
-  void reject_data_dependent_op() const {
+  // A data-dependent op is answered when its result is known without data
+  // (answer_without_values()), and refused otherwise; returns whether it was answered.
+  bool answer_or_refuse_data_dependent_op() {
     const char* api = data_dependent_api(schema_.name());
     if (api == nullptr) {
-      return;
+      return false;
     }
-    TORCH_CHECK(false, "torchdefer: ", api, " (", schema_.name(), ") needs the values of ",
-                describe_inputs(),
+    std::vector<at::Tensor> tensors;
+    for (const TensorUse& use : tensors_) {
+      tensors.push_back(use.tensor);
+    }
+    std::optional<c10::IValue> answer = answer_without_values(schema_.name(), tensors);
+    TORCH_CHECK(answer.has_value(), "torchdefer: ", api, " (", schema_.name(),
+                ") needs the values of ", describe_inputs(),
                 ", but a fake tensor has no data. Data-dependent operations cannot run on fake "
                 "tensors: materialize the tensor first, or move this computation out of model "
                 "construction.");
+    torch::jit::drop(stack_, schema_.arguments().size());
+    torch::jit::push(stack_, std::move(*answer));
+    return true;
   }
 
   void reject_writes_into_real_tensors() const {

@@ -3,7 +3,11 @@
 // recording]). One table, so that both agree on which ops read values.
 #pragma once
 
-#include <ATen/core/TensorBase.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
+
+#include <optional>
 
 #include <string_view>
 
@@ -13,9 +17,11 @@ namespace torchdefer {
 // its output's shape or a host value, or nullptr if it does not.
 const char* data_dependent_api(std::string_view op);
 
-// True when torch::equal(a, b) is known without data: a and b are the same view of one fake
-// storage. ATen's kernels take the same shortcut, and the C++ MultiheadAttention asks
-// equal(query, key) to detect self-attention.
-bool same_fake_view(const at::TensorBase& a, const at::TensorBase& b);
+// The result of data-dependent `op` on `tensors` (its tensor arguments, in order) when it is known
+// without data, else nullopt: torch::equal(a, b) of the same view of one fake storage is true.
+// ATen's kernels take the same shortcut, and the C++ MultiheadAttention asks equal(query, key)
+// to detect self-attention.
+std::optional<c10::IValue> answer_without_values(std::string_view op,
+                                                 c10::ArrayRef<at::Tensor> tensors);
 
 }  // namespace torchdefer
