@@ -95,17 +95,6 @@ uint64_t random_words(std::optional<int64_t> from, std::optional<int64_t> to,
   return per_element(range >= (uint64_t{1} << 32));
 }
 
-std::optional<int64_t> int_argument(const c10::FunctionSchema& schema,
-                                    const std::vector<c10::IValue>& arguments,
-                                    std::string_view name) {
-  for (size_t i = 0; i < schema.arguments().size(); ++i) {
-    if (schema.arguments()[i].name() == name && arguments[i].isInt()) {
-      return arguments[i].toInt();
-    }
-  }
-  return std::nullopt;
-}
-
 DrawPlan known(uint64_t draws) { return {DrawPlan::Kind::kKnown, draws, {}}; }
 DrawPlan on_scratch() { return {DrawPlan::Kind::kRunOnScratch, 0, {}}; }
 

@@ -57,15 +57,17 @@ std::optional<CounterDistributionParams> counter_params(const RecordedNode& node
   const bool random = name == "aten::random_";
   const bool randint = name == "aten::randint" || name == "aten::randint_like";
   if (random || randint) {
-    const auto low = double_argument(node, random ? "from" : "low");
-    const auto high = double_argument(node, random ? "to" : "high");
+    // Read as ints: bounds beyond 2^53 do not survive a trip through double.
+    const auto& schema = node.op.schema();
+    const auto low = int_argument(schema, node.arguments, random ? "from" : "low");
+    const auto high = int_argument(schema, node.arguments, random ? "to" : "high");
     if (random && low && !high) {
       return std::nullopt;  // [from, 2^63): not a counter distribution
     }
     CounterDistributionParams params{D::kRandom};
     if (high) {
-      params.from = static_cast<int64_t>(low.value_or(0));
-      params.range = static_cast<uint64_t>(static_cast<int64_t>(*high) - params.from);
+      params.from = low.value_or(0);
+      params.range = static_cast<uint64_t>(*high - params.from);
     }
     return params;
   }

@@ -293,6 +293,18 @@ TEST(ShardedMaterialization, FallsBackForPointwiseOpsWhoseSlicesDifferInTheLastB
   EXPECT_THAT(stats.tensors.front().fallback, HasSubstr("sigmoid"));
 }
 
+TEST(ShardedMaterialization, KeepsIntegerBoundsBeyondDoublePrecision) {
+  // 2^60 + 10 is not a double: the bounds must reach the counter RNG as integers.
+  const int64_t from = int64_t{1} << 60;
+  const int64_t to = from + 10;
+  at::Tensor ids =
+      deferred_init([&] { return torch::empty({999}, torch::kLong).random_(from, to); });
+  materialize_named_tensors({{"ids", ids}}, MaterializeOptions().shard({1, 3}));
+  EXPECT_EQ(ids.size(0), 333);
+  EXPECT_GE(ids.min().item<int64_t>(), from);
+  EXPECT_LT(ids.max().item<int64_t>(), to);
+}
+
 TEST(ShardedMaterialization, PadsTrailingShardsWhenAsked) {
   auto linear = deferred_init<nn::Linear>(4, 10);
   materialize_module(*linear, MaterializeOptions().shard({2, 3, 0, /*padded=*/true}));

@@ -1,12 +1,17 @@
-// Reading boxed operator arguments: visiting the tensors inside them, and recognizing device
-// arguments. The Fake fallback, the recorder and the replay engine all rewrite argument stacks
-// tensor by tensor, in the same order.
+// Reading boxed operator arguments: visiting the tensors inside them, reading int arguments, and
+// recognizing device arguments. The Fake fallback, the recorder and the replay engine all rewrite
+// argument stacks tensor by tensor, in the same order.
 #pragma once
 
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/function_schema.h>
 #include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
 
 namespace torchdefer {
 
@@ -50,6 +55,18 @@ inline bool is_written(const c10::Argument& argument) {
 // True for in-place ops: the first argument (`self`) is written.
 inline bool writes_first_argument(const c10::FunctionSchema& schema) {
   return !schema.arguments().empty() && is_written(schema.arguments()[0]);
+}
+
+// The int argument named `name` of a call to `schema` with `arguments`, if it was given one.
+inline std::optional<int64_t> int_argument(const c10::FunctionSchema& schema,
+                                           c10::ArrayRef<c10::IValue> arguments,
+                                           std::string_view name) {
+  for (size_t i = 0; i < schema.arguments().size() && i < arguments.size(); ++i) {
+    if (schema.arguments()[i].name() == name && arguments[i].isInt()) {
+      return arguments[i].toInt();
+    }
+  }
+  return std::nullopt;
 }
 
 // True for a `Device` or `Device?` argument (factories' `device=`, `_to_copy`'s target).
