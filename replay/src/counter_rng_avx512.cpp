@@ -234,12 +234,8 @@ Wrap make_wrap(bool enabled, double from, double to) {
 template <Dtype D>
 void store16(void* out, int64_t index, __m512d lo, __m512d hi, const Wrap& wrap) {
   if constexpr (D == Dtype::kDouble) {
-    if (wrap.enabled) {
-      const __m512d to = _mm512_set1_pd(wrap.to);
-      const __m512d from = _mm512_set1_pd(wrap.from);
-      lo = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(lo, to, _CMP_EQ_OQ), lo, from);
-      hi = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(hi, to, _CMP_EQ_OQ), hi, from);
-    }
+    // Float64 reaches here only for bernoulli (0 or 1: nothing to wrap); its uniform takes
+    // wide_group, which wraps.
     double* dst = static_cast<double*>(out) + index;
     _mm512_storeu_pd(dst, lo);
     _mm512_storeu_pd(dst + 8, hi);
