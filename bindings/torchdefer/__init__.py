@@ -238,6 +238,11 @@ def _check_options(
         raise TypeError(f"torchdefer: counter_seed must be an int in [0, 2**64), got {counter_seed!r}")
     if not 0 <= counter_seed < 2**64:
         raise ValueError(f"torchdefer: counter_seed must be an int in [0, 2**64), got {counter_seed!r}")
+    if rng == "torch" or (rng is None and shard is None):
+        raise ValueError(
+            "torchdefer: counter_seed only applies to the counter RNG mode, and this call uses torch "
+            'mode; pass rng="counter" (or a shard, which defaults to it), or drop counter_seed'
+        )
 
 
 def materialize_module(

@@ -123,6 +123,8 @@ def fresh():
         (dict(rng=1), ValueError, r'rng must be "torch" or "counter"'),
         (dict(counter_seed=-1), ValueError, r"counter_seed must be an int"),
         (dict(counter_seed="7"), TypeError, r"counter_seed must be an int"),
+        (dict(counter_seed=7), ValueError, r"counter_seed only applies to the counter RNG mode"),
+        (dict(counter_seed=7, rng="torch"), ValueError, r"counter_seed only applies"),
         (dict(check_fn=5), TypeError, r"check_fn must be a callable"),
         (dict(progress="yes"), TypeError, r"progress must be True, False, None or a callable"),
         (dict(device=3), TypeError, r"device must be a str or torch.device"),
