@@ -2,6 +2,7 @@
 // builds the user-facing API on these functions.
 #include <torchdefer/torchdefer.h>
 
+#include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <functional>
@@ -149,6 +150,11 @@ PYBIND11_MODULE(_C, m) {
       });
 
   m.def("is_fake", [](const at::Tensor& t) { return is_fake(t); });
+  // Whether torch's Python factories must initialize CUDA before creating a CUDA tensor; the
+  // package clears it around the calls of a recording thread where CUDA is unavailable (Note [What
+  // recording changes, and where] in bindings/torchdefer/_recording.py).
+  m.def("_set_requires_cuda_init",
+        [](bool required) { torch::utils::set_requires_device_init(at::kCUDA, required); });
   m.def("describe", [](const at::Tensor& t) { return describe(t); });
   m.def("explain", [](const at::Tensor& t) { return explain(t); });
   m.def("read_values", [](const at::Tensor& t) { return read_values(t); });

@@ -20,7 +20,8 @@ One rank's shard (every rank records the same program from the same seed)::
     stats = torchdefer.materialize_module(model, shard=torchdefer.Shard(rank, world_size))
 
 Functions: deferred_init, materialize_module, materialize_tensor, is_fake, is_deferred,
-explain, shard_info, fake_mode; the shard spec Shard. The C++ library does the work
+describe, explain, shard_info, fake_mode; the shard spec Shard. Importing the package changes
+nothing in torch (Note [What recording changes, and where] in torchdefer/_recording.py). The C++ library does the work
 (torchdefer._C); this package adapts it to Python modules. Guide: docs/python.md.
 """
 
@@ -44,11 +45,12 @@ if torch.__version__.split("+")[0] != _BUILT_FOR_TORCH:
 
 from torchdefer import _C  # noqa: E402  (after the check: a mismatched _C may not even load)
 from torchdefer._C import Shard
-from torchdefer._trunc_normal import recordable_trunc_normal
+from torchdefer import _recording
 
 __all__ = [
     "Shard",
     "deferred_init",
+    "describe",
     "explain",
     "fake_mode",
     "is_deferred",
@@ -86,6 +88,13 @@ def is_fake(tensor: torch.Tensor) -> bool:
     return _C.is_fake(tensor)
 
 
+def describe(tensor: torch.Tensor) -> str:
+    """One line naming ``tensor``'s shape, dtype and device, and whether it is fake
+    ("fake Float[4, 4] on cuda:0"), without reading values: works on fakes anywhere."""
+    _check_tensor("describe", tensor)
+    return _C.describe(tensor)
+
+
 def explain(tensor: torch.Tensor) -> str:
     """The recorded operations that will produce ``tensor``, in order, on one line."""
     _check_tensor("explain", tensor)
@@ -100,23 +109,6 @@ def shard_info(tensor: torch.Tensor) -> Optional[Dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def _no_cuda_lazy_init() -> Iterator[None]:
-    """torch's Python factories call torch.cuda._lazy_init() for a CUDA device before the
-    dispatcher sees the call (only torch's own Python FakeTensorMode skips it). Where CUDA is not
-    available at all, fakes on CUDA would fail there; while recording or faking, the call does
-    nothing instead. Where CUDA is available it initializes as usual."""
-    if torch.cuda.is_available():
-        yield
-        return
-    original = torch.cuda._lazy_init
-    torch.cuda._lazy_init = lambda: None
-    try:
-        yield
-    finally:
-        torch.cuda._lazy_init = original
-
-
-@contextlib.contextmanager
 def fake_mode(device: DeviceLike = None) -> Iterator[None]:
     """While active, every factory returns a fake tensor (on ``device`` if a factory names none).
 
@@ -126,7 +118,7 @@ def fake_mode(device: DeviceLike = None) -> Iterator[None]:
     """
     # Python factories always pass a device (torch's default device), so the default that
     # FakeMode sets for C++ callers is set here through torch's own device context too.
-    with _no_cuda_lazy_init(), _C._FakeMode(_device(device)):
+    with _recording.mode(), _C._FakeMode(_device(device)):
         with torch.device(device or torch.get_default_device()):
             yield
 
@@ -141,7 +133,7 @@ def deferred_init(module_cls_or_callable: Callable[..., Any], *args: Any, **kwar
             f"{type(module_cls_or_callable).__name__}"
         )
     name = getattr(module_cls_or_callable, "__qualname__", repr(module_cls_or_callable))
-    with _no_cuda_lazy_init(), recordable_trunc_normal(), _C._RecordingScope(name):
+    with _recording.mode(), _C._RecordingScope(name):
         return module_cls_or_callable(*args, **kwargs)
 
 
@@ -312,75 +304,3 @@ def _data_of(t: torch.Tensor) -> torch.Tensor:
     """The tensor holding ``t``'s values: a DTensor's local shard (FSDP2, tensor parallel), else ``t``."""
     local = getattr(t, "_local_tensor", None)
     return local if isinstance(local, torch.Tensor) else t
-
-
-# Tensor methods that cannot handle a fake as torch implements them:
-#  * __repr__ reads values; a fake describes itself instead;
-#  * tolist and numpy (and so numpy.asarray, through __array__) read memory without the dispatcher;
-#    inside deferred_init they read the values of the recording's fakes the way item() does, by
-#    replaying them into a private copy (Note [Reading values while recording]), and refuse other
-#    fakes with a message. (item, float(), int(), bool() and indexing with a tensor reach the
-#    dispatcher, where the recorder answers them.)
-#  * new_tensor and the legacy new() derive their options from the key set with
-#    c10::legacyExtractDispatchKey, which does not know the Fake and DeferredInit keys ("DispatchKey
-#    DeferredInit doesn't correspond to a device"); for a fake they return a fake of the same dtype
-#    and device, holding a copy of `data` (under deferred_init, a recorded copy of a constant) or
-#    uninitialized for new(*sizes). (Tensor.type() needs nothing: it reads dtype and device.)
-_original_repr = torch.Tensor.__repr__
-_original_new_tensor = torch.Tensor.new_tensor
-_original_new = torch.Tensor.new
-_original_tolist = torch.Tensor.tolist
-_original_numpy = torch.Tensor.numpy
-
-
-def _repr(self: torch.Tensor, *args: Any, **kwargs: Any) -> str:
-    if _C.is_fake(self):
-        return f"FakeTensor({_C.describe(self)}, requires_grad={self.requires_grad})"
-    return _original_repr(self, *args, **kwargs)
-
-
-def _tolist(self: torch.Tensor) -> Any:
-    if not _C.is_fake(self):
-        return _original_tolist(self)
-    return _original_tolist(_C.read_values(self))
-
-
-def _numpy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    if not _C.is_fake(self):
-        return _original_numpy(self, *args, **kwargs)
-    # requires_grad kept, so that numpy() refuses (or, with force=True, accepts) as it does in eager.
-    values = _C.read_values(self).requires_grad_(self.requires_grad)
-    return _original_numpy(values, *args, **kwargs)
-
-
-def _new_tensor(self: torch.Tensor, data: Any, dtype=None, device=None, requires_grad=False, **kwargs):
-    if not _C.is_fake(self):
-        return _original_new_tensor(self, data, dtype=dtype, device=device, requires_grad=requires_grad, **kwargs)
-    values = torch.tensor(data, dtype=self.dtype if dtype is None else dtype)
-    with _no_cuda_lazy_init(), _C._FakeMode(None):
-        made = torch.empty(values.shape, dtype=values.dtype, device=self.device if device is None else device)
-        made.copy_(values)
-    return made.requires_grad_(requires_grad)
-
-
-def _new(self: torch.Tensor, *args: Any, device: DeviceLike = None) -> torch.Tensor:
-    if not _C.is_fake(self):
-        return _original_new(self, *args, **({} if device is None else {"device": device}))
-    device = self.device if device is None else device
-    sizes = args[0] if len(args) == 1 and isinstance(args[0], torch.Size) else args
-    if all(isinstance(size, int) for size in sizes):
-        with _no_cuda_lazy_init(), _C._FakeMode(None):
-            return torch.empty(tuple(sizes) if sizes else (0,), dtype=self.dtype, device=device)
-    if len(args) == 1 and not isinstance(args[0], (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
-        return _new_tensor(self, args[0], device=device)
-    raise TypeError(
-        "torchdefer: Tensor.new(tensor or storage) is not supported on a fake "
-        f"({_C.describe(self)}); use new_tensor(data), new_empty(sizes) or the tensor itself"
-    )
-
-
-torch.Tensor.__repr__ = _repr  # type: ignore[method-assign]
-torch.Tensor.new_tensor = _new_tensor  # type: ignore[method-assign]
-torch.Tensor.new = _new  # type: ignore[method-assign]
-torch.Tensor.tolist = _tolist  # type: ignore[method-assign]
-torch.Tensor.numpy = _numpy  # type: ignore[method-assign]

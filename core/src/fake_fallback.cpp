@@ -154,9 +154,9 @@ class FakeCall {
     std::optional<c10::IValue> answer = answer_without_values(schema_.name(), tensors);
     TORCH_CHECK(answer.has_value(), "torchdefer: ", api, " (", schema_.name(),
                 ") needs the values of ", describe_inputs(),
-                ", but a fake tensor has no data. Data-dependent operations cannot run on fake "
-                "tensors: materialize the tensor first, or move this computation out of model "
-                "construction.");
+                ", but a fake tensor has no data. Materialize it first (materialize_tensor or "
+                "materialize_module); only the fakes of a deferred_init in progress can be read, "
+                "while it runs. Printing a fake reads its values: print describe(t) instead.");
     torch::jit::drop(stack_, schema_.arguments().size());
     torch::jit::push(stack_, std::move(*answer));
     return true;

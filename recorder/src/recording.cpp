@@ -238,8 +238,13 @@ class Recorder {
           keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
     } catch (c10::Error& e) {
       if (graph_ != nullptr) {
+        // A recorded fake records the ops run on it after its deferred_init returned, too.
+        const std::string where = graph_ == tls_graph
+                                      ? " in deferred_init of " + graph_->context()
+                                      : " on a fake recorded by deferred_init of " +
+                                            graph_->context() + ", outside that call";
         e.add_context("torchdefer: while recording " + c10::toString(schema_.operator_name()) +
-                      " in deferred_init of " + graph_->context());
+                      where);
       }
       throw;
     }

@@ -207,7 +207,9 @@ def test_data_dependent_reads_of_fakes_that_record_nothing_are_refused():
         with pytest.raises(RuntimeError, match="made under a FakeMode, which records nothing"):
             x.tolist()
     deferred = torchdefer.deferred_init(torch.nn.Linear, 2, 2)
-    with pytest.raises(RuntimeError, match="outside the deferred_init that recorded it"):
+    # After deferred_init returned, tolist is torch's own (the package changes nothing outside
+    # deferred_init and fake_mode), and the fake refuses the memory read.
+    with pytest.raises(RuntimeError, match=r"Cannot access the data or storage of fake Float\[2, 2\]"):
         deferred.weight.tolist()
     with pytest.raises(RuntimeError, match="needs the values of"):
         deferred.weight.sum().item()
@@ -334,10 +336,29 @@ def test_fake_mode_and_repr_never_touch_data():
     with torchdefer.fake_mode():
         layer = torch.nn.Linear(8192, 8192)
         out = layer(torch.ones(2, 8192))
+        assert "fake Float[8192, 8192] on cpu" in repr(layer.weight)
+        assert "FakeTensor" in str(out) and "FakeTensor" in f"{out}"
     assert torchdefer.is_fake(layer.weight) and layer.weight.nbytes == 8192 * 8192 * 4
     assert out.shape == (2, 8192) and torchdefer.is_fake(out)
-    assert "fake Float[8192, 8192] on cpu" in repr(layer.weight)
-    assert "FakeTensor" in str(out)
+    assert torchdefer.describe(layer.weight) == "fake Float[8192, 8192] on cpu"
+    # Outside fake_mode and deferred_init, repr is torch's own, which reads values; the refusal
+    # says how to print a fake.
+    with pytest.raises(RuntimeError, match=r"print describe\(t\) instead"):
+        repr(layer.weight)
+
+
+def test_repr_of_fakes_while_recording():
+    outside = torch.ones(2)
+
+    def build():
+        layer = torch.nn.Linear(3, 4)
+        return repr(layer.weight), str(layer.bias), f"{layer.weight}", repr(outside)
+
+    weight, bias, formatted, real = torchdefer.deferred_init(build)
+    assert weight == "Parameter containing:\nFakeTensor(fake Float[4, 3] on cpu, requires_grad=True)"
+    assert formatted == weight
+    assert "fake Float[4] on cpu" in bias and "Parameter containing" in bias
+    assert real == repr(outside) == "tensor([1., 1.])"
 
 
 def test_fake_cuda_works_without_a_gpu_and_materializes_on_the_cpu():
