@@ -17,8 +17,8 @@ std::optional<double> double_argument(const RecordedNode& node, std::string_view
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // torch.nn.init.trunc_normal_ is rejection sampling in PyTorch 2.13: how many numbers it draws
 // depends on the values, so no element is a function of its index and no slice can be computed
-// alone. Under deferred_init it is recorded as one op, torchdefer::trunc_normal_ (bindings/
-// torchdefer/_trunc_normal.py). Torch mode replays torch's sampler (eager's bits). Counter mode
+// alone. Under deferred_init it is recorded as one op, torchdefer::trunc_normal_ (Note
+// [trunc_normal_ as one operator]). Torch mode replays torch's sampler (eager's bits). Counter mode
 // owes nothing to eager's bits, only to invariance, so it samples the same distribution by
 // inverse CDF, element by element: u ~ counter uniform over [2 Phi(alpha) - 1, 2 Phi(beta) - 1),
 // x = clamp(mean + std * sqrt(2) * erfinv(u), a, b), with alpha, beta = (a or b - mean) / std (the
