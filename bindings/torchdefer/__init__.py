@@ -77,6 +77,19 @@ def _device(device: DeviceLike) -> Optional[torch.device]:
     return torch.device(device)
 
 
+def _target_device(device: DeviceLike) -> Optional[torch.device]:
+    """The device to materialize on: a real one. Meta tensors hold no values, so materializing
+    there would spend the recording and give nothing."""
+    target = _device(device)
+    if target is not None and target.type == "meta":
+        raise ValueError(
+            'torchdefer: cannot materialize on device="meta": a meta tensor has no values, and '
+            "materializing consumes the recording, so the values would be lost. Materialize on a "
+            "real device, or keep the fakes (they already have every shape, dtype and stride)"
+        )
+    return target
+
+
 def _check_tensor(function: str, tensor: Any) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"torchdefer.{function} expects a torch.Tensor, got {type(tensor).__name__}")
@@ -137,26 +150,80 @@ def deferred_init(module_cls_or_callable: Callable[..., Any], *args: Any, **kwar
         return module_cls_or_callable(*args, **kwargs)
 
 
+# Note [Walking a module]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# materialize_module and is_deferred see every tensor reachable from the module's tree: its
+# parameters and buffers, and the tensors held as plain attributes (`self.inv_freq = ...`,
+# `self.pos = torch.arange(n)`), also inside lists, tuples and dicts. Plain attributes are not
+# parameters: a shard keeps them whole, as it keeps buffers, and buffers_only materializes them.
+# Parameters and buffers are collected over the whole tree first, so that a parameter also held
+# as another module's attribute keeps its parameter name and is sharded. Children come before
+# their parent (the order stats are reported in). The walk is iterative on purpose: a nested
+# recursive closure is a reference cycle (the function and its cell) that would keep the list,
+# and so every materialized tensor, alive until the cyclic collector ran.
+
+_MODULE_INTERNALS = frozenset({"_parameters", "_buffers", "_modules"})
+
+
+def _modules_children_first(
+    module: torch.nn.Module, check_fn: Optional[Callable[[torch.nn.Module], bool]]
+) -> List[Tuple[str, torch.nn.Module]]:
+    """(prefix, module) for ``module`` and every descendant ``check_fn`` does not skip, children
+    before their parent."""
+    parents_first: List[Tuple[str, torch.nn.Module]] = []
+    pending = [("", module, True)]
+    while pending:
+        prefix, m, is_root = pending.pop()
+        if not is_root and check_fn is not None and not check_fn(m):
+            continue
+        parents_first.append((prefix, m))
+        pending.extend((f"{prefix}{name}.", child, False) for name, child in m.named_children())
+    parents_first.reverse()
+    return parents_first
+
+
+def _attribute_tensors(name: str, value: Any, out: List[Tuple[str, torch.Tensor, bool]], seen: set) -> None:
+    """Appends the tensors in ``value`` (a tensor, or lists, tuples and dicts of them, nested)."""
+    pending = [(name, value)]
+    while pending:
+        name, value = pending.pop()
+        if isinstance(value, torch.Tensor):
+            out.append((name, value, False))
+        elif isinstance(value, (list, tuple, dict)) and id(value) not in seen:
+            seen.add(id(value))
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            pending.extend(reversed([(f"{name}[{key!r}]", item) for key, item in items]))
+
+
+def _module_tensors(
+    module: torch.nn.Module, check_fn: Optional[Callable[[torch.nn.Module], bool]], buffers_only: bool
+) -> List[Tuple[str, torch.Tensor, bool]]:
+    """Every (name, tensor, is_parameter) reachable from ``module`` (Note [Walking a module])."""
+    modules = _modules_children_first(module, check_fn)
+    owned: List[Tuple[str, torch.Tensor, bool]] = []
+    held: List[Tuple[str, torch.Tensor, bool]] = []
+    containers: set = set()
+    for prefix, m in modules:
+        if not buffers_only:
+            owned.extend((prefix + n, p, True) for n, p in m.named_parameters(recurse=False))
+        owned.extend((prefix + n, b, False) for n, b in m.named_buffers(recurse=False))
+        for attribute, value in vars(m).items():
+            if attribute not in _MODULE_INTERNALS:
+                _attribute_tensors(prefix + attribute, value, held, containers)
+    return owned + held
+
+
 def _named_tensors(
     module: torch.nn.Module, check_fn: Optional[Callable[[torch.nn.Module], bool]], buffers_only: bool
 ) -> List[Tuple[str, torch.Tensor, bool]]:
+    """The fake tensors of ``module`` to materialize, each once, by the first name found."""
     entries: List[Tuple[str, torch.Tensor, bool]] = []
     seen = set()
-
-    def visit(m: torch.nn.Module, prefix: str, is_root: bool) -> None:
-        if not is_root and check_fn is not None and not check_fn(m):
-            return
-        for child_name, child in m.named_children():
-            visit(child, f"{prefix}{child_name}.", False)
-        tensors = [] if buffers_only else [(n, p, True) for n, p in m.named_parameters(recurse=False)]
-        tensors += [(n, b, False) for n, b in m.named_buffers(recurse=False)]
-        for local_name, tensor, is_parameter in tensors:
-            if id(tensor) in seen or not _C.is_fake(tensor):
-                continue
-            seen.add(id(tensor))
-            entries.append((prefix + local_name, tensor, is_parameter))
-
-    visit(module, "", True)
+    for name, tensor, is_parameter in _module_tensors(module, check_fn, buffers_only):
+        if id(tensor) in seen or not _C.is_fake(tensor):
+            continue
+        seen.add(id(tensor))
+        entries.append((name, tensor, is_parameter))
     return entries
 
 
@@ -248,13 +315,13 @@ def materialize_module(
     counter_seed: Optional[int] = None,
     progress: Union[bool, ProgressFn, None] = None,
 ) -> List[Dict[str, Any]]:
-    """Turns the fake parameters and buffers of ``module`` real, in place.
+    """Turns the fake parameters, buffers and tensor attributes of ``module`` real, in place.
 
     Every ``nn.Parameter`` stays the same Python object (attributes and hooks survive), tied
     parameters stay tied, and tensors that are already real are never touched (so calling it
     again does nothing). ``device`` overrides the device each fake reports. ``check_fn(child)``
     returning False skips a child's subtree (as FSDP does). ``shard=Shard(rank, world_size)``
-    makes each parameter this rank's slice. ``rng`` is ``"torch"`` (default without a shard: the
+    makes each parameter this rank's slice (buffers and tensor attributes stay whole). ``rng`` is ``"torch"`` (default without a shard: the
     values eager construction gives) or ``"counter"`` (default with a shard: the same values for
     every world size), ``counter_seed`` the counter mode's seed (by default derived from the
     seed at recording). ``buffers_only`` leaves parameters fake. ``progress=True`` shows a tqdm
@@ -272,7 +339,7 @@ def materialize_module(
             f"torchdefer.materialize_module expects an nn.Module, got {type(module).__name__}"
         )
     _check_options(shard, rng, check_fn, counter_seed, progress)
-    target = _device(device)
+    target = _target_device(device)
     entries = _named_tensors(module, check_fn, buffers_only)
     if not entries:
         return []
@@ -287,17 +354,16 @@ def materialize_tensor(
     returned untouched. ``device`` and ``rng`` are as for :func:`materialize_module`."""
     _check_tensor("materialize_tensor", tensor)
     _check_options(None, rng, None, None)
-    _C.materialize_named([("tensor", tensor, True)], _device(device), rng, None, None)
+    _C.materialize_named([("tensor", tensor, True)], _target_device(device), rng, None, None)
     return tensor
 
 
 def is_deferred(module: torch.nn.Module) -> bool:
-    """True if any parameter or buffer of ``module`` is still fake."""
+    """True if any tensor of ``module`` is still fake: a parameter, a buffer, or a tensor held as a
+    plain attribute (also in lists, tuples and dicts) of it or of a descendant."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"torchdefer.is_deferred expects an nn.Module, got {type(module).__name__}")
-    return any(_C.is_fake(_data_of(t)) for t in module.parameters()) or any(
-        _C.is_fake(_data_of(t)) for t in module.buffers()
-    )
+    return any(_C.is_fake(_data_of(t)) for _, t, _ in _module_tensors(module, None, False))
 
 
 def _data_of(t: torch.Tensor) -> torch.Tensor:

@@ -95,7 +95,7 @@ def materialize_fully_sharded(
     # One call for the local shards and everything else still fake (buffers, parameters FSDP2 does
     # not manage; no region: whole), so that a failure leaves all of it as it was.
     entries += torchdefer._named_tensors(module, None, False)
-    stats = _C.materialize_named(entries, torchdefer._device(device), rng, counter_seed, None, regions)
+    stats = _C.materialize_named(entries, torchdefer._target_device(device), rng, counter_seed, None, regions)
     for fsdp_param in pending:
         _point_local_tensor_at_buffer(fsdp_param)
     return stats
