@@ -213,6 +213,18 @@ def _module_tensors(
     return owned + held
 
 
+def _check_not_a_husk(name: str, tensor: torch.Tensor) -> None:
+    """Refuses a real tensor that was given a fake's metadata with ``.data = fake`` outside
+    deferred_init and fake_mode (inside them the assignment itself is refused)."""
+    if _C._is_neither_real_nor_fake(tensor):
+        raise RuntimeError(
+            f"torchdefer: {name} is neither real nor fake: it was a real tensor, and `.data = fake` "
+            f"gave it the fake's metadata ({_C.describe(tensor)}) without making it a fake, so it "
+            "can be neither read nor materialized. Assign `nn.Parameter(fake)` (or register the fake "
+            "itself) instead of setting `.data` of a real tensor."
+        )
+
+
 def _named_tensors(
     module: torch.nn.Module, check_fn: Optional[Callable[[torch.nn.Module], bool]], buffers_only: bool
 ) -> List[Tuple[str, torch.Tensor, bool]]:
@@ -221,6 +233,7 @@ def _named_tensors(
     seen = set()
     for name, tensor, is_parameter in _module_tensors(module, check_fn, buffers_only):
         if id(tensor) in seen or not _C.is_fake(tensor):
+            _check_not_a_husk(name, tensor)
             continue
         seen.add(id(tensor))
         entries.append((name, tensor, is_parameter))
@@ -363,7 +376,10 @@ def is_deferred(module: torch.nn.Module) -> bool:
     plain attribute (also in lists, tuples and dicts) of it or of a descendant."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"torchdefer.is_deferred expects an nn.Module, got {type(module).__name__}")
-    return any(_C.is_fake(_data_of(t)) for _, t, _ in _module_tensors(module, None, False))
+    return any(
+        _C.is_fake(data) or _C._is_neither_real_nor_fake(data)
+        for data in (_data_of(t) for _, t, _ in _module_tensors(module, None, False))
+    )
 
 
 def _data_of(t: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/torch_compat.h>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/stack.h>
@@ -242,7 +243,23 @@ class FakeCall {
     return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
   }
 
+  // A factory's sizes are checked as its real kernels check them, so that a negative size gets
+  // eager's message ("Trying to create tensor with negative dimension -1: [-1]") and not the bare
+  // one of a meta kernel torch writes in Python (torch._refs.randn checks with torch._check).
+  void check_factory_sizes() {
+    if (!tensors_.empty()) {
+      return;
+    }
+    const auto& arguments = schema_.arguments();
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      if (arguments[i].name() == "size" && argument(i).isIntList()) {
+        at::detail::check_size_nonnegative(argument(i).toDimVector());
+      }
+    }
+  }
+
   void run_on_meta() {
+    check_factory_sizes();
     c10::impl::ExcludeDispatchKeyGuard no_fake(c10::DispatchKeySet(kFakeKey) |
                                                c10::autograd_dispatch_keyset_with_ADInplaceOrView);
     substitute_meta_arguments();
