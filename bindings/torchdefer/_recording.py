@@ -121,7 +121,9 @@ def _read(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
 
 
 def _from_data(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
-    if args and _holds_fake(args[0]):
+    # A tensor itself goes through the dispatcher (detach, to), where fakes are recorded; only
+    # sequences of tensors are read from memory.
+    if args and isinstance(args[0], (list, tuple)) and _holds_fake(args[0]):
         args = (_with_values(args[0]),) + tuple(args[1:])
     return func(*args, **kwargs)
 
@@ -203,6 +205,14 @@ def _recorded_trunc_normal(frame: types.FrameType) -> bool:
     return True
 
 
+def _caller_outside_modes(frame: types.FrameType) -> types.FrameType:
+    """The frame that made the call, past the torch-function modes above this one (the device
+    context fake_mode enters, a user's mode) that forwarded it."""
+    while frame.f_code.co_name == "__torch_function__" and frame.f_back is not None:
+        frame = frame.f_back
+    return frame
+
+
 class FakeTensorFunctions(TorchFunctionMode):
     """The torch-function mode of deferred_init and fake_mode (Note [What recording changes, and
     where]). ``skip_cuda_init`` is whether CUDA is unavailable, so that torch's factories must not
@@ -216,8 +226,9 @@ class FakeTensorFunctions(TorchFunctionMode):
         kwargs = kwargs or {}
         if type(func) is _METHOD_WRAPPER:
             descriptor = func.__self__
-            if descriptor is _IS_META and sys._getframe(1).f_code is _SAMPLER_CODE:
-                if _recorded_trunc_normal(sys._getframe(1)):
+            if descriptor is _IS_META:
+                caller = _caller_outside_modes(sys._getframe(1))
+                if caller.f_code is _SAMPLER_CODE and _recorded_trunc_normal(caller):
                     return True
             elif descriptor is _DATA and func.__name__ == "__set__":
                 _data_setter(args)

@@ -17,6 +17,8 @@ class ScaledRotary(torch.nn.Module):
         scaled = torch.tensor([f / 2 for f in freqs])
         nested = torch.tensor([[freqs[0], 1.5], (freqs[1] * 3, freqs[2])], dtype=torch.float64)
         self.register_buffer("scaled", scaled)
+        assert torch.as_tensor(freqs) is freqs  # a tensor itself stays as it is, fake and recorded
+        self.register_buffer("copied", torch.tensor(freqs * 2))
         self.register_buffer("nested", nested)
         self.weight = torch.nn.Parameter(torch.randn(dim // 2) * scaled)
 

@@ -96,3 +96,44 @@ def test_recording_is_invisible_to_other_threads():
     assert seen["modes"] == [] and not torchdefer.is_fake(seen["made"])
     assert torchdefer.is_fake(model.weight)
     assert torch.overrides._get_current_function_mode_stack() == []
+
+
+def test_trunc_normal_is_one_operator_under_fake_mode_too():
+    with torchdefer.fake_mode():
+        weight = torch.empty(64, 32)
+        assert torch.nn.init.trunc_normal_(weight, std=0.02) is weight
+    assert torchdefer.is_fake(weight)
+
+
+def test_trunc_normal_operator_gives_torchs_bits():
+    # The C++ kernel makes the same ATen calls as torch's Python sampler: both of its branches
+    # (normal draws redrawn outside [a, b]; uniform candidates accepted by density), all dtypes.
+    for mean, std, a, b in ((0.0, 1.0, -2.0, 2.0), (0.0, 0.02, -0.04, 0.04), (3.0, 1.0, -1.0, 0.0)):
+        for dtype in (torch.float32, torch.float64, torch.bfloat16):
+            torch.manual_seed(5)
+            eager = torch.nn.init.trunc_normal_(torch.empty(257, dtype=dtype), mean, std, a, b)
+            eager_state = torch.random.get_rng_state()
+            torch.manual_seed(5)
+            ours = torch.ops.torchdefer.trunc_normal_(torch.empty(257, dtype=dtype), mean, std, a, b)
+            assert torch.equal(eager, ours), (mean, std, a, b, dtype)
+            assert torch.equal(torch.random.get_rng_state(), eager_state)
+    schema = torch.ops.torchdefer.trunc_normal_.default
+    assert torch.Tag.nondeterministic_seeded in schema.tags
+
+
+def test_trunc_normal_is_one_recorded_operator_under_other_torch_function_modes():
+    # Hugging Face builds models inside `with torch.device(...)`, a torch-function mode of its own
+    # that sees each call first and forwards it.
+    def build():
+        with torch.device("cpu"):
+            layer = torch.nn.Linear(4, 4)
+            torch.nn.init.trunc_normal_(layer.weight, std=0.02)
+        return layer
+
+    torch.manual_seed(0)
+    eager = build()
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(build)
+    assert torchdefer.explain(deferred.weight).endswith("trunc_normal_(0, 0.02, -2, 2)")
+    torchdefer.materialize_module(deferred)
+    assert torch.equal(deferred.weight, eager.weight)
