@@ -22,9 +22,10 @@ active, it sees every call into torch's Python API on this thread before torch r
 * ``torch.nn.init.trunc_normal_`` becomes one recorded operator (Note [trunc_normal_ as one
   operator] in bindings/src/trunc_normal.cpp). Torch's ``trunc_normal_`` does not consult
   ``__torch_function__`` itself, so the mode takes the first call its sampler makes on the
-  tensor, reading ``tensor.is_meta``: when the caller is the sampler's own code object
-  (``torch.nn.init._no_grad_trunc_normal_``, however the user reached it: Hugging Face keeps its
-  own reference to ``trunc_normal_``), the mode runs ``torchdefer::trunc_normal_`` on the tensor
+  tensor, reading ``tensor.is_meta``: when the caller (past the torch-function modes above this
+  one that forwarded the call, such as the ``torch.device(...)`` context Hugging Face builds
+  models in) is the sampler's own code object (``torch.nn.init._no_grad_trunc_normal_``, however
+  the user reached it: Hugging Face keeps its own reference to ``trunc_normal_``), the mode runs ``torchdefer::trunc_normal_`` on the tensor
   with the sampler's arguments and answers True, and the sampler returns the tensor as it does for
   meta tensors. Only that one frame sees the answer; the result is the tensor torch's sampler
   would have filled, with the same bits (the operator's kernel is the same sequence of ATen
