@@ -71,13 +71,13 @@ _DATA = _TensorBase.__dict__["data"]
 _SAMPLER_CODE = torch.nn.init._no_grad_trunc_normal_.__code__
 
 
-def describe(tensor: torch.Tensor) -> str:
+def fake_repr(tensor: torch.Tensor) -> str:
     """What ``repr`` prints for a fake while recording or faking: shape, dtype, device, "fake"."""
     return f"FakeTensor({_C.describe(tensor)}, requires_grad={tensor.requires_grad})"
 
 
 def _with_values(data: Any) -> Any:
-    """``data`` (a tensor, or lists, tuples and dicts of them) with every fake replaced by its
+    """``data`` (a tensor, or lists and tuples of them, nested) with every fake replaced by its
     values, read as ``item()`` reads them."""
     if isinstance(data, torch.Tensor):
         return _C.read_values(data) if _C.is_fake(data) else data
@@ -96,7 +96,7 @@ def _holds_fake(data: Any) -> bool:
 
 def _repr(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
     if _C.is_fake(args[0]):
-        return describe(args[0])
+        return fake_repr(args[0])
     return func(*args, **kwargs)
 
 
@@ -130,7 +130,9 @@ def _from_data(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
 
 
 def _new_tensor_of(self: torch.Tensor, data: Any, dtype=None, device=None, requires_grad=False):
-    values = torch.tensor(_with_values(data), dtype=self.dtype if dtype is None else dtype)
+    # A tensor itself is copied through the dispatcher (recorded); only sequences are read.
+    data = data if isinstance(data, torch.Tensor) else _with_values(data)
+    values = torch.tensor(data, dtype=self.dtype if dtype is None else dtype)
     with _C._FakeMode(None):
         made = torch.empty(values.shape, dtype=values.dtype, device=self.device if device is None else device)
         made.copy_(values)
