@@ -278,7 +278,7 @@ def test_shards_of_every_world_size_concatenate_to_the_full_counter_model(world)
 
 def test_trunc_normal_is_one_recorded_op_replayed_in_any_order():
     # PyTorch 2.13's trunc_normal_ draws a value-dependent number of times; it is recorded as one
-    # operator (bindings/torchdefer/_trunc_normal.py) and materializes bitwise in any order.
+    # operator (bindings/src/trunc_normal.cpp) and materializes bitwise in any order.
     eager, deferred = eager_and_deferred(TorchtitanLike)
     assert "trunc_normal_(" in torchdefer.explain(deferred.layers[1].weight)
     torchdefer.materialize_module(deferred.layers[1])
