@@ -146,8 +146,13 @@ def deferred_init(module_cls_or_callable: Callable[..., Any], *args: Any, **kwar
 
 
 def _named_tensors(
-    module: torch.nn.Module, check_fn: Optional[Callable[[torch.nn.Module], bool]], buffers_only: bool
+    module: torch.nn.Module,
+    check_fn: Optional[Callable[[torch.nn.Module], bool]],
+    buffers_only: bool,
+    real: bool = False,
 ) -> List[Tuple[str, torch.Tensor, bool]]:
+    """Fake parameters and buffers, each once; with ``real``, the real ones too, of which the C++
+    side shards those that were real at record time (Note [Real tensors of a sharded module])."""
     entries: List[Tuple[str, torch.Tensor, bool]] = []
     seen = set()
 
@@ -159,7 +164,7 @@ def _named_tensors(
         tensors = [] if buffers_only else [(n, p, True) for n, p in m.named_parameters(recurse=False)]
         tensors += [(n, b, False) for n, b in m.named_buffers(recurse=False)]
         for local_name, tensor, is_parameter in tensors:
-            if id(tensor) in seen or not _C.is_fake(tensor):
+            if id(tensor) in seen or not (real or _C.is_fake(tensor)):
                 continue
             seen.add(id(tensor))
             entries.append((prefix + local_name, tensor, is_parameter))
@@ -262,7 +267,9 @@ def materialize_module(
     parameters stay tied, and tensors that are already real are never touched (so calling it
     again does nothing). ``device`` overrides the device each fake reports. ``check_fn(child)``
     returning False skips a child's subtree (as FSDP does). ``shard=Shard(rank, world_size)``
-    makes each parameter this rank's slice. ``rng`` is ``"torch"`` (default without a shard: the
+    makes each parameter this rank's slice, one that was real at record time (built from Python
+    numbers or read values) included: it is sliced in place and reported with ``fallback``
+    "real at record time". ``rng`` is ``"torch"`` (default without a shard: the
     values eager construction gives) or ``"counter"`` (default with a shard: the same values for
     every world size), ``counter_seed`` the counter mode's seed (by default derived from the
     seed at recording). ``buffers_only`` leaves parameters fake. ``progress=True`` shows a tqdm
@@ -281,7 +288,7 @@ def materialize_module(
         )
     _check_options(shard, rng, check_fn, counter_seed, progress)
     target = _device(device)
-    entries = _named_tensors(module, check_fn, buffers_only)
+    entries = _named_tensors(module, check_fn, buffers_only, real=shard is not None)
     if not entries:
         return []
     with _progress_callback(progress, "tensor" if shard is not None else "op") as callback:

@@ -223,6 +223,49 @@ TEST(ShardedMaterialization, ComputesOnlyTheSliceOfConcatenatedAndStackedTensors
   }
 }
 
+// A parameter that was real at record time, and one computed from it.
+struct RealParametersImpl : nn::Module {
+  explicit RealParametersImpl(const at::Tensor& values) {
+    table = register_parameter("table", values);
+    torch::NoGradGuard no_grad;
+    scaled = register_parameter("scaled", torch::randn({6, 5}) * values);
+  }
+  at::Tensor table, scaled;
+};
+TORCH_MODULE(RealParameters);
+
+TEST(ShardedMaterialization, SlicesParametersThatWereRealAtRecordTimeInPlace) {
+  auto build = [] {
+    torch::manual_seed(6);
+    const at::Tensor values = torch::arange(30, torch::kFloat).reshape({6, 5});
+    return deferred_init([&] { return RealParameters(values); });
+  };
+  RealParameters full = build();
+  materialize_module(*full, MaterializeOptions().rng(RngMode::kCounter));
+  for (const int64_t dim : {0, 1}) {
+    for (const int64_t world : {1, 2, 3, 7}) {
+      std::map<std::string, std::vector<at::Tensor>> pieces;
+      for (int64_t rank = 0; rank < world; ++rank) {
+        RealParameters model = build();
+        const c10::TensorImpl* table = model->table.unsafeGetTensorImpl();
+        const MaterializeStats stats =
+            materialize_module(*model, MaterializeOptions().shard({rank, world, dim}));
+        EXPECT_EQ(model->table.unsafeGetTensorImpl(), table);
+        const auto entry = std::find_if(stats.tensors.begin(), stats.tensors.end(),
+                                        [](const TensorStats& t) { return t.name == "table"; });
+        ASSERT_NE(entry, stats.tensors.end());
+        EXPECT_EQ(entry->fallback, "real at record time");
+        EXPECT_EQ(entry->box.has_value(), world > 1);
+        EXPECT_EQ(shard_info(model->table).has_value(), world > 1);
+        pieces["table"].push_back(model->table);
+        pieces["scaled"].push_back(model->scaled);
+      }
+      EXPECT_TRUE(bitwise_equal(torch::cat(pieces["table"], dim), full->table)) << dim << world;
+      EXPECT_TRUE(bitwise_equal(torch::cat(pieces["scaled"], dim), full->scaled)) << dim << world;
+    }
+  }
+}
+
 TEST(ShardedMaterialization, ComputesOnlyTheInputWithoutARegionRuleWhole) {
   auto build = [] {
     torch::manual_seed(0);

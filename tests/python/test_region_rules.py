@@ -1,6 +1,6 @@
-"""Region replay's rules under Shard(rank, W): writes through single elements and views, and
-tensors made by cat and stack. For every world size and both shard dimensions, the shards
-concatenate bit for bit to the full counter-mode model."""
+"""Region replay's rules under Shard(rank, W): writes through single elements and views, tensors
+that were real at record time, and tensors made by cat and stack. For every world size and both
+shard dimensions, the shards concatenate bit for bit to the full counter-mode model."""
 
 import pytest
 import torch
@@ -122,6 +122,55 @@ def test_writes_through_views_that_are_no_box_fall_back_whole_and_say_so():
     assert "through a view that is not a box" in strided["fallback"]
     indexed = next(s for s in stats[1] if s["name"] == "indexed")
     assert not indexed["sliced"] and "index" in indexed["fallback"], indexed
+
+
+# --- issue 11 class 7: parameters that were real at record time -----------------------------------
+
+
+class RealParameters(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor([0.5, 2.0]))
+        self.linear = nn.Linear(4, 6)
+        read = self.linear.weight.detach().sum(1).tolist()  # values read while recording
+        self.table = nn.Parameter(torch.tensor([read, [2 * v for v in read], [1.0] * 6]).t().contiguous())
+        self.gain = nn.Parameter(self.scale.detach()[1] * self.linear.weight.detach())
+        self.register_buffer("steps", torch.tensor([3, 4, 5]))
+
+
+@pytest.mark.parametrize("dim", DIMS)
+@pytest.mark.parametrize("world", WORLDS)
+def test_real_parameters_are_sharded_in_place_and_reported(world, dim):
+    all_stats = assert_shards_concatenate(RealParameters, world, dim)
+    for stats in all_stats:
+        table = next(s for s in stats if s["name"] == "table")
+        assert table["fallback"] == "real at record time", table
+        assert (table["box"] is not None) == (world > 1), table
+        assert "steps" not in {s["name"] for s in stats}  # buffers stay whole, as before
+
+
+def test_a_real_parameter_read_after_it_was_sliced_fails_with_a_message():
+    class ReadLater(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.tensor([0.5, 2.0, 4.0]))
+            self.child = nn.Module()
+            with torch.no_grad():
+                self.child.weight = nn.Parameter(torch.randn(4, 3) * self.scale)
+
+    model = record(ReadLater)
+    torchdefer.materialize_module(model, shard=torchdefer.Shard(0, 2), check_fn=lambda m: False)
+    with pytest.raises(RuntimeError, match="sliced by a sharded materialization"):
+        torchdefer.materialize_module(model.child, shard=torchdefer.Shard(0, 2))
+    assert torchdefer.is_fake(model.child.weight)
+
+
+def test_materializing_twice_leaves_sliced_real_parameters_alone():
+    model = record(RealParameters)
+    torchdefer.materialize_module(model, shard=torchdefer.Shard(1, 2))
+    scale = model.scale.detach().clone()
+    assert torchdefer.materialize_module(model, shard=torchdefer.Shard(1, 2)) == []
+    assert bitwise_equal(model.scale.detach(), scale)
 
 
 # --- issue 14 item 4: cat and stack ----------------------------------------------------------------
