@@ -226,17 +226,25 @@ def _check_not_a_husk(name: str, tensor: torch.Tensor) -> None:
 
 
 def _named_tensors(
-    module: torch.nn.Module, check_fn: Optional[Callable[[torch.nn.Module], bool]], buffers_only: bool
+    module: torch.nn.Module,
+    check_fn: Optional[Callable[[torch.nn.Module], bool]],
+    buffers_only: bool,
+    real: bool = False,
 ) -> List[Tuple[str, torch.Tensor, bool]]:
-    """The fake tensors of ``module`` to materialize, each once, by the first name found."""
+    """The tensors of ``module`` to materialize, each once, by the first name found: the fakes,
+    and with ``real`` also the real parameters, which the C++ side shards (Note [Real tensors of a
+    sharded module])."""
     entries: List[Tuple[str, torch.Tensor, bool]] = []
     seen = set()
     for name, tensor, is_parameter in _module_tensors(module, check_fn, buffers_only):
-        if id(tensor) in seen or not _C.is_fake(tensor):
+        fake = _C.is_fake(tensor)
+        if not fake:
             _check_not_a_husk(name, tensor)
+        if id(tensor) in seen:
             continue
         seen.add(id(tensor))
-        entries.append((name, tensor, is_parameter))
+        if fake or (real and is_parameter):
+            entries.append((name, tensor, is_parameter))
     return entries
 
 
@@ -334,7 +342,10 @@ def materialize_module(
     parameters stay tied, and tensors that are already real are never touched (so calling it
     again does nothing). ``device`` overrides the device each fake reports. ``check_fn(child)``
     returning False skips a child's subtree (as FSDP does). ``shard=Shard(rank, world_size)``
-    makes each parameter this rank's slice (buffers and tensor attributes stay whole). ``rng`` is ``"torch"`` (default without a shard: the
+    makes each parameter this rank's slice, one that was real at record time (built from Python
+    numbers or read values) included: it is sliced in place and reported with ``fallback``
+    "real at record time"; buffers and tensor attributes stay whole. ``rng`` is ``"torch"``
+    (default without a shard: the
     values eager construction gives) or ``"counter"`` (default with a shard: the same values for
     every world size), ``counter_seed`` the counter mode's seed (by default derived from the
     seed at recording). ``buffers_only`` leaves parameters fake. ``progress=True`` shows a tqdm
@@ -353,7 +364,7 @@ def materialize_module(
         )
     _check_options(shard, rng, check_fn, counter_seed, progress)
     target = _target_device(device)
-    entries = _named_tensors(module, check_fn, buffers_only)
+    entries = _named_tensors(module, check_fn, buffers_only, real=shard is not None)
     if not entries:
         return []
     with _progress_callback(progress, "tensor" if shard is not None else "op") as callback:

@@ -20,7 +20,29 @@
 namespace torchdefer {
 namespace {
 
-// The fake parameters and buffers materialize_module reaches, each TensorImpl once.
+// Note [Real tensors of a sharded module]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A module built under deferred_init can hold tensors that were real at record time: a
+// parameter made by `torch.tensor([0.5, 2.0])`, or from values read while recording. Sharding
+// promises every parameter as this rank's chunk, so a sharded materialization slices those too,
+// in place (set_data: the same tensor, and in Python the same Parameter, holds the chunk), and
+// reports them with the fallback "real at record time". A tensor that an earlier
+// materialization turned real (its TensorImpl is a FakeTensorImpl) or that already is a shard is
+// left alone (Note [Nested materialization]), and so is a tensor subclass (a DTensor is sharded
+// by its own placements). Fakes of the same call that read such a tensor are computed before it
+// is sliced. A recording materialized later that reads it would get the slice instead of what
+// construction read, so slicing bumps the tensor's version: that replay stops with the message
+// for a real input modified since recording instead of computing something else.
+bool real_at_record_time(const at::Tensor& t) {
+  return t.defined() && t.layout() == at::kStrided &&
+         dynamic_cast<const FakeTensorImpl*>(t.unsafeGetTensorImpl()) == nullptr &&
+         !t.unsafeGetTensorImpl()->is_python_dispatch() && !shard_info(t);
+}
+
+constexpr const char* kRealAtRecordTime = "real at record time";
+
+// The fake parameters and buffers materialize_module reaches, each TensorImpl once; for a
+// sharded call also the real ones (Note [Real tensors of a sharded module]).
 class ModuleTensors {
  public:
   explicit ModuleTensors(const MaterializeOptions& options) : options_(options) {}
@@ -54,7 +76,8 @@ class ModuleTensors {
 
  private:
   void add(std::string name, const at::Tensor& t, bool parameter) {
-    if (is_fake(t) && seen_.insert(t.unsafeGetTensorImpl()).second) {
+    const bool wanted = is_fake(t) || (options_.sharded() && real_at_record_time(t));
+    if (wanted && seen_.insert(t.unsafeGetTensorImpl()).second) {
       entries_.push_back({std::move(name), t, parameter});
     }
   }
@@ -147,6 +170,43 @@ at::Tensor compute_shard(const NamedTensor& entry, const Box& box,
   return own(detail::slice(full, box), box, options, entry);
 }
 
+// A real tensor's slice, waiting to be put in place with the shards.
+struct RealShard {
+  at::Tensor tensor;
+  at::Tensor local;
+  ShardInfo info;
+};
+
+// Plans the slice of a tensor that was real at record time (Note [Real tensors of a sharded
+// module]): its box, copied so that the rest of it can be freed, on the requested device. A
+// parameter it keeps whole is still reported; a buffer it keeps whole is not, as before.
+void plan_real(const NamedTensor& entry, const MaterializeOptions& options, MaterializeStats& stats,
+               std::vector<RealShard>& reals) {
+  TensorStats tensor_stats;
+  tensor_stats.name = entry.name;
+  tensor_stats.global_sizes = entry.tensor.sizes().vec();
+  tensor_stats.fallback = kRealAtRecordTime;
+  const std::optional<Box> box = box_of(entry, options);
+  if (!box) {
+    if (entry.parameter) {
+      tensor_stats.bytes_kept = static_cast<int64_t>(entry.tensor.nbytes());
+      stats.tensors.push_back(std::move(tensor_stats));
+    }
+    return;
+  }
+  at::Tensor local = detail::slice(entry.tensor.detach(), *box);
+  if (options.device()) {
+    local = local.to(*options.device());
+  }
+  local = own(local, *box, options, entry);
+  tensor_stats.box = box;
+  tensor_stats.bytes_kept = static_cast<int64_t>(local.nbytes());
+  tensor_stats.bytes_computed = local.is_alias_of(entry.tensor) ? 0 : tensor_stats.bytes_kept;
+  stats.tensors.push_back(std::move(tensor_stats));
+  ShardInfo info{entry.tensor.sizes().vec(), *box, local.sizes().vec() != box->sizes()};
+  reals.push_back({entry.tensor, std::move(local), std::move(info)});
+}
+
 MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
                                      const MaterializeOptions& options) {
   MaterializeStats stats;
@@ -154,10 +214,15 @@ MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
   std::vector<std::pair<at::Tensor, at::Tensor>> shards;  // fake, local
   std::vector<ShardInfo> infos;
   std::vector<std::string> whole_names;
+  std::vector<RealShard> reals;
   const auto fakes = std::count_if(tensors.begin(), tensors.end(),
                                    [](const NamedTensor& entry) { return is_fake(entry.tensor); });
   detail::ProgressReporter progress(options, fakes);
   for (const NamedTensor& entry : tensors) {
+    if (real_at_record_time(entry.tensor)) {
+      plan_real(entry, options, stats, reals);
+      continue;
+    }
     if (!is_fake(entry.tensor)) {
       continue;
     }
@@ -189,6 +254,14 @@ MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
     const auto& [fake, local] = shards[i];
     fake_impl(fake)->shallow_copy_from(local.getIntrusivePtr());
     detail::set_shard_info(fake, infos[i]);
+  }
+  for (RealShard& real : reals) {
+    const bool same_storage = real.local.is_alias_of(real.tensor);
+    real.tensor.set_data(real.local);
+    detail::set_shard_info(real.tensor, std::move(real.info));
+    if (!same_storage && !real.tensor.is_inference()) {
+      real.tensor.unsafeGetTensorImpl()->bump_version();
+    }
   }
   return stats;
 }

@@ -3,10 +3,13 @@
 
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/counter_rng.h>
+#include <torchdefer/fake_tensor.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/enum_tag.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/WrapDimMinimal.h>
 #include <c10/util/accumulate.h>
 
 #include <algorithm>
@@ -81,18 +84,26 @@ bool reshapes_whole_base(const RecordedValue& view, const RecordedValue& base) {
          c10::multiply_integers(view.sizes) == c10::multiply_integers(base.sizes);
 }
 
-bool empty(const Box& box) {
-  for (size_t d = 0; d < box.start.size(); ++d) {
-    if (box.stop[d] <= box.start[d]) {
-      return true;
-    }
-  }
-  return false;
-}
+// Note [Views that miss the region]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A write through a view touches the region only where the view's box meets it. A view that
+// fixes a base coordinate (select, `t[5]`, `dirac_`'s element writes) meets it only if that
+// coordinate lies inside the region. Whether they meet is an answer of its own, never encoded
+// as a box with stop == start: a view with no dimensions left (`bias[8]`) has no dimension
+// along which a box could be empty, and taking such a view as meeting the region would narrow
+// the region at a coordinate outside it: an index error, or a negative start that silently
+// wraps to the wrong element.
 
 // The part of view box `view_box` (view coordinates) inside base region `region`, in view
-// coordinates; empty if they do not meet.
-Box intersect(const BoxView& view, const Box& view_box, const Box& region) {
+// coordinates; nullopt if they do not meet.
+std::optional<Box> intersect(const BoxView& view, const Box& view_box, const Box& region) {
+  for (size_t d = 0; d < view.origin.size(); ++d) {
+    const bool mapped = std::find(view.base_dim.begin(), view.base_dim.end(),
+                                  static_cast<int64_t>(d)) != view.base_dim.end();
+    if (!mapped && (view.origin[d] < region.start[d] || view.origin[d] >= region.stop[d])) {
+      return std::nullopt;  // the view's fixed coordinate lies outside the region
+    }
+  }
   Box result = view_box;
   for (size_t j = 0; j < view.base_dim.size(); ++j) {
     const int64_t d = view.base_dim[j];
@@ -102,11 +113,9 @@ Box intersect(const BoxView& view, const Box& view_box, const Box& region) {
     result.start[j] = std::max(view_box.start[j], region.start[d] - view.origin[d]);
     result.stop[j] = std::min(view_box.stop[j], region.stop[d] - view.origin[d]);
   }
-  for (size_t d = 0; d < view.origin.size(); ++d) {
-    const bool mapped = std::find(view.base_dim.begin(), view.base_dim.end(),
-                                  static_cast<int64_t>(d)) != view.base_dim.end();
-    if (!mapped && (view.origin[d] < region.start[d] || view.origin[d] >= region.stop[d])) {
-      result.stop = result.start;  // the view's fixed coordinate lies outside the region
+  for (size_t j = 0; j < result.start.size(); ++j) {
+    if (result.stop[j] <= result.start[j]) {
+      return std::nullopt;
     }
   }
   return result;
@@ -176,6 +185,39 @@ bool is_factory(std::string_view name) {
       "aten::empty_like",    "aten::new_zeros",  "aten::new_ones",  "aten::new_full",
       "aten::new_empty"};
   return std::find(std::begin(kFactories), std::end(kFactories), name) != std::end(kFactories);
+}
+
+// Note [Region rules for cat and stack]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Fused weights (`torch.cat([q.weight, k.weight, v.weight])`) and init-then-concatenate code
+// make a tensor whose slices are slices of its inputs. cat lays its inputs one after another
+// along `dim`, so a region of its output is, for each input it meets, the same region shifted
+// into that input; stack puts input i at index i of a new dimension `dim`, so a region is, for
+// each i it covers, the region without `dim` of input i. Each part is computed from its own
+// region (or whole and sliced, where its input has no rule) and the parts are concatenated.
+// cat casts every input to the promoted dtype with the copy kernel; casting a part with to()
+// does the same conversion, so the bits are those of the full tensor. A 1-D input of size 0,
+// which cat skips whatever its other tensors' shapes, takes no room. A region inside one input
+// is that input's part itself, computed once; one spanning several inputs costs the parts and
+// their concatenation, twice the slice. Splitting (split, chunk, unbind, split_with_sizes) needs
+// no rule: its outputs are views of its input, which box views already map.
+bool joins_inputs(const RecordedNode& node) {
+  const c10::FunctionSchema& schema = node.op.schema();
+  return schema.overload_name().empty() &&
+         (schema.name() == "aten::cat" || schema.name() == "aten::concat" ||
+          schema.name() == "aten::concatenate" || schema.name() == "aten::stack");
+}
+
+// The fill value of a full, full_like or new_full call as recorded: an integer beyond double
+// precision, a bool or a complex number fills exactly what the full replay fills.
+c10::Scalar fill_value(const RecordedNode& node) {
+  const auto& arguments = node.op.schema().arguments();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (arguments[i].name() == "fill_value") {
+      return node.arguments[i].toScalar();
+    }
+  }
+  TORCH_CHECK(false, "torchdefer: ", node.op.schema().operator_name(), " has no fill_value");
 }
 
 // Note [Region-exact pointwise ops]
@@ -284,7 +326,8 @@ std::optional<at::Tensor> RegionReplay::local_before(int64_t value_index, const 
   // Checked before the view's geometry, so that the stats name the op when both fail.
   const RecordedNode& creator = graph_->nodes()[storage.creator];
   if (!(creator.draws && has_counter_definition(creator)) &&
-      !is_factory(creator.op.schema().name()) && !region_exact_pointwise(creator, base.dtype)) {
+      !is_factory(creator.op.schema().name()) && !region_exact_pointwise(creator, base.dtype) &&
+      !joins_inputs(creator)) {
     fail(c10::toString(creator.op.schema().operator_name()));
     return std::nullopt;
   }
@@ -337,6 +380,8 @@ std::optional<at::Tensor> RegionReplay::input_region(const RecordedInput& input,
       return local_or_whole(input.value, *box, reader);
     }
     case RecordedInput::Kind::kReal:
+      check_unchanged(input, reader);
+      [[fallthrough]];
     case RecordedInput::Kind::kConstant: {
       const std::optional<Box> box = broadcast_box(input.tensor.sizes(), output_sizes, region);
       if (!box) {
@@ -352,10 +397,29 @@ std::optional<at::Tensor> RegionReplay::input_region(const RecordedInput& input,
   return std::nullopt;
 }
 
+void RegionReplay::check_unchanged(const RecordedInput& input, int64_t reader) const {
+  if (input.tensor.is_inference() || input.tensor._version() == input.version) {
+    return;
+  }
+  const RecordedNode& node = graph_->nodes()[reader];
+  TORCH_CHECK(false, "torchdefer: ", node.op.schema().operator_name(), " in deferred_init of ",
+              graph_->context(), " read the real tensor ", describe(input.tensor),
+              ", which was modified in place after recording (version ", input.version, " then, ",
+              input.tensor._version(),
+              " now), so replaying it would not give what construction computed. Keep tensors "
+              "that a model's construction reads unchanged until it is materialized; a real "
+              "parameter sliced by a sharded materialization counts as modified, so materialize "
+              "what reads it in the same call.");
+}
+
 at::Tensor RegionReplay::local_or_whole(int64_t value, const Box& box, int64_t before) {
   if (std::optional<at::Tensor> part = local_before(value, box, before)) {
     return *part;
   }
+  return whole_then_sliced(value, box, before);
+}
+
+at::Tensor RegionReplay::whole_then_sliced(int64_t value, const Box& box, int64_t before) {
   if (std::find(whole_inputs_.begin(), whole_inputs_.end(), why_) == whole_inputs_.end()) {
     whole_inputs_.push_back(why_);
   }
@@ -395,9 +459,12 @@ std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedVal
     } else if (name.find("ones") != std::string::npos) {
       result.fill_(1);
     } else if (name.find("full") != std::string::npos) {
-      result.fill_(*double_argument(node, "fill_value"));
+      result.fill_(fill_value(node));
     }
     return result;
+  }
+  if (joins_inputs(node)) {
+    return joined(node, index, base, region);
   }
   if (!region_exact_pointwise(node, base.dtype)) {
     fail(op);
@@ -405,7 +472,7 @@ std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedVal
   }
   const auto& arguments = node.op.schema().arguments();
   torch::jit::Stack stack;
-  size_t next_input = 0;
+  std::vector<at::Tensor> read;
   bool ok = true;
   for (size_t i = 0; i < node.arguments.size(); ++i) {
     if (is_device_argument(arguments[i]) && node.arguments[i].isDevice()) {
@@ -414,9 +481,10 @@ std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedVal
     }
     stack.push_back(map_tensors(node.arguments[i], [&](const at::Tensor&) {
       std::optional<at::Tensor> input =
-          input_region(node.inputs[next_input++], base.sizes, region, index);
+          input_region(node.inputs[read.size()], base.sizes, region, index);
       ok = ok && input.has_value();
-      return input.value_or(at::Tensor());
+      read.push_back(input.value_or(at::Tensor()));
+      return read.back();
     }));
   }
   if (!ok) {
@@ -424,6 +492,77 @@ std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedVal
   }
   node.op.callBoxed(&stack);
   at::Tensor result = stack.front().toTensor();
+  // `contiguous` or `to` given a part that needs no change return that part itself, which can be
+  // a real input's memory; the region is written next, so it must be this replay's own.
+  if (std::any_of(read.begin(), read.end(), [&](const at::Tensor& input) {
+        return input.defined() && result.is_alias_of(input);
+      })) {
+    result = result.clone();
+  }
+  bytes_computed_ += static_cast<int64_t>(result.nbytes());
+  return result;
+}
+
+std::optional<at::Tensor> RegionReplay::joined(const RecordedNode& node, int64_t index,
+                                               const RecordedValue& base, const Box& region) {
+  const bool stack = node.op.schema().name() == "aten::stack";
+  const auto rank = static_cast<int64_t>(base.sizes.size());
+  const int64_t dim =
+      c10::maybe_wrap_dim(int_argument(node.op.schema(), node.arguments, "dim").value_or(0), rank);
+  const c10::Device device = device_of(base);
+  std::vector<at::Tensor> parts;
+  bool fresh = false;  // the last part was computed from its region
+  int64_t offset = 0;  // where the next input starts along `dim`
+  for (const RecordedInput& input : node.inputs) {
+    const c10::IntArrayRef sizes = input.kind == RecordedInput::Kind::kValue
+                                       ? c10::IntArrayRef(graph_->values()[input.value].sizes)
+                                       : input.tensor.sizes();
+    if (!stack && rank != 1 && sizes.size() == 1 && sizes[0] == 0) {
+      continue;  // Note [Region rules for cat and stack]: skipped by cat
+    }
+    const int64_t extent = stack ? 1 : sizes[dim];
+    const int64_t start = std::max(region.start[dim], offset);
+    const int64_t stop = std::min(region.stop[dim], offset + extent);
+    Box box = region;
+    box.start[dim] = start - offset;
+    box.stop[dim] = stop - offset;
+    offset += extent;
+    if (start >= stop) {
+      continue;
+    }
+    if (stack) {
+      box.start.erase(box.start.begin() + dim);
+      box.stop.erase(box.stop.begin() + dim);
+    }
+    // A part computed from its region is this replay's own tensor; any other (a real input, a
+    // whole replay that may reuse a materialized storage) is copied before it can be written.
+    std::optional<at::Tensor> part;
+    fresh = false;
+    if (input.kind == RecordedInput::Kind::kValue) {
+      part = local_before(input.value, box, index);
+      fresh = part.has_value();
+      if (!part) {
+        part = whole_then_sliced(input.value, box, index);
+      }
+    } else {
+      part = input_region(input, sizes, box, index);
+    }
+    if (!part) {
+      return std::nullopt;
+    }
+    parts.push_back(stack ? part->unsqueeze(dim) : *part);
+  }
+  if (parts.size() == 1 && fresh && parts[0].scalar_type() == base.dtype &&
+      parts[0].device() == device) {
+    return parts[0];
+  }
+  if (parts.empty()) {
+    return allocate(region, base);  // the region is empty
+  }
+  for (at::Tensor& part : parts) {
+    part = part.to(device, base.dtype);
+  }
+  at::Tensor result = at::cat(parts, dim);
   bytes_computed_ += static_cast<int64_t>(result.nbytes());
   return result;
 }
@@ -441,10 +580,11 @@ bool RegionReplay::apply_write(int64_t index, const RecordedValue& base, const B
   if (!view) {
     return fail(op + " through a view that is not a box");
   }
-  const Box part_box = intersect(*view, whole(target.sizes), region);
-  if (empty(part_box)) {
-    return true;
+  const std::optional<Box> met = intersect(*view, whole(target.sizes), region);
+  if (!met) {
+    return true;  // Note [Views that miss the region]
   }
+  const Box& part_box = *met;
   at::Tensor part = view_part(local, region, *view, part_box);
   if (node.draws) {
     return (options_.rng() == RngMode::kCounter &&

@@ -21,13 +21,15 @@ namespace torchdefer::detail {
 //  * a value is a view of its storage's base; a "box view" (any mix of narrow, slice with step 1,
 //    select, t, transpose, permute, unsqueeze, view of contiguous data that keeps the layout)
 //    maps B to a box of the base, and a write through a box view touches the intersection of its
-//    box with the region being computed;
+//    box with the region being computed, or nothing (Note [Views that miss the region]);
 //  * factories (zeros, ones, full, empty and their _like/new_ forms) and counter-RNG random ops
 //    produce just the region: a random op's element index is its row-major index in its own
 //    output shape, which the box view maps (Note [Counter RNG]);
 //  * pointwise ops on Note [Region-exact pointwise ops]'s list (arithmetic, casts, clone, copy_,
 //    fill_) map a region to the same region of each input; an input that broadcasts is read over
-//    the box broadcasting maps the region to (a size-1 dimension whole, a 0-dim input whole).
+//    the box broadcasting maps the region to (a size-1 dimension whole, a 0-dim input whole);
+//  * cat and stack map a region to the part of each input it meets (Note [Region rules for cat
+//    and stack]).
 // An input that none of these rules reaches (linalg_qr inside orthogonal_, a reduction, matmul,
 // randperm, arange, a view with odd geometry, a torch-mode random op, which draws sequentially) is
 // computed whole by the ordinary replay and sliced: only that input costs its full size, and
@@ -67,11 +69,16 @@ class RegionReplay {
   std::optional<at::Tensor> local_before(int64_t value, const Box& box, int64_t before);
   std::optional<at::Tensor> storage_region(int64_t storage, const Box& region, int64_t before);
   std::optional<at::Tensor> created(int64_t node, const RecordedValue& base, const Box& region);
+  std::optional<at::Tensor> joined(const RecordedNode& node, int64_t index,
+                                   const RecordedValue& base, const Box& region);
   bool apply_write(int64_t node, const RecordedValue& base, const Box& region, at::Tensor& local);
   at::Tensor local_or_whole(int64_t value, const Box& box, int64_t before);
+  at::Tensor whole_then_sliced(int64_t value, const Box& box, int64_t before);
   at::Tensor compute_whole(int64_t value, int64_t before);
   std::optional<at::Tensor> input_region(const RecordedInput& input, c10::IntArrayRef output_sizes,
                                          const Box& region, int64_t reader);
+  // Refuses a real input modified in place since `reader` recorded it, as the full replay does.
+  void check_unchanged(const RecordedInput& input, int64_t reader) const;
   c10::Device device_of(const RecordedValue& value) const;
   at::Tensor allocate(const Box& region, const RecordedValue& like);
   bool fail(std::string why);

@@ -56,6 +56,73 @@ struct EmbeddingAndCastsImpl : nn::Module {
 };
 TORCH_MODULE(EmbeddingAndCasts);
 
+// Writes through single elements and views of views (Note [Views that miss the region]), and
+// views that are no box of their base (diagonal, unfold, odd as_strided), which fall back.
+struct ElementWritesImpl : nn::Module {
+  ElementWritesImpl() {
+    rows = register_parameter("rows", torch::randn({8, 6}));
+    bias = register_parameter("bias", torch::randn({12}));
+    flat = register_parameter("flat", torch::randn({5, 4}));
+    dirac = register_parameter("dirac", torch::empty({6, 3, 3}));
+    nested = register_parameter("nested", torch::randn({7, 5}));
+    strided = register_parameter("strided", torch::randn({6, 6}));
+    indexed = register_parameter("indexed", torch::randn({7, 4}));
+    torch::NoGradGuard no_grad;
+    rows[5].zero_();
+    rows[-1].fill_(3.0);
+    rows.select(1, 4).fill_(2.0);
+    rows.select(1, -1)[-2].random_(7);
+    bias[8].random_(51);
+    bias[-1].normal_();
+    flat.reshape(-1)[1].geometric_(0.1);
+    nn::init::dirac_(dirac);
+    nested.narrow(0, 1, 5).t()[2][3].fill_(7.0);
+    nested.t()[1].narrow(0, 2, 3).mul_(2);
+    nested.t().narrow(0, 3, 2)[1][-1].uniform_(-1, 1);
+    strided.as_strided({2, 3}, {6, 1}, 7).fill_(3.0);
+    strided.diagonal().fill_(1.0);
+    strided.unfold(0, 2, 2).select(2, 1).add_(1.0);
+    indexed.index_fill_(0, torch::tensor({1, 5}), 1.5);
+    indexed.index_put_({torch::tensor({2, -1})}, torch::tensor(0.25));
+  }
+  at::Tensor rows, bias, flat, dirac, nested, strided, indexed;
+};
+TORCH_MODULE(ElementWrites);
+
+// Tensors made by cat and stack, and slices of tensors (Note [Region rules for cat and stack]).
+struct JoinedImpl : nn::Module {
+  JoinedImpl() {
+    q = register_module("q", nn::Linear(8, 4));
+    k = register_module("k", nn::Linear(8, 4));
+    v = register_module("v", nn::Linear(8, 4));
+    qkv = register_parameter("qkv", torch::cat({q->weight, k->weight, v->weight}));
+    columns = register_parameter(
+        "columns",
+        torch::cat({torch::randn({5, 3}), torch::zeros({5, 2}), torch::rand({5, 4})}, 1));
+    promoted = register_parameter(
+        "promoted", torch::cat({torch::rand({2, 3}), torch::randn({3, 3}, torch::kDouble)}, -2));
+    stacked =
+        register_parameter("stacked", torch::stack({torch::randn({4, 3}), torch::ones({4, 3})}, 1));
+    layered =
+        register_parameter("layered", torch::stack({torch::rand({3, 5}), torch::randn({3, 5})}));
+    fused = register_parameter("fused", torch::empty({12, 8}));
+    const at::Tensor source = torch::randn({12, 6});
+    pieces = register_parameter(
+        "pieces", torch::cat({source.split(4)[1], source.chunk(3, 1)[2].t().t().narrow(0, 0, 4),
+                              source.unbind(1)[3].unsqueeze(1).narrow(0, 8, 4),
+                              source.split_with_sizes({2, 4, 6})[2].narrow(0, 0, 4)},
+                             1));
+    torch::NoGradGuard no_grad;
+    qkv.narrow(0, 2, 5).mul_(0.5);
+    nn::init::normal_(fused.narrow(0, 0, 4), 0, 0.02);
+    nn::init::kaiming_uniform_(fused.narrow(0, 4, 4));
+    nn::init::zeros_(fused.narrow(0, 8, 4));
+  }
+  nn::Linear q{nullptr}, k{nullptr}, v{nullptr};
+  at::Tensor qkv, columns, promoted, stacked, layered, fused, pieces;
+};
+TORCH_MODULE(Joined);
+
 std::vector<ShardedModel> sharded_models() {
   return {
       {"Llama", [] { return models::Llama(models::LlamaConfig::named("tiny")).ptr(); }},
@@ -64,6 +131,8 @@ std::vector<ShardedModel> sharded_models() {
          return nn::Sequential(nn::Linear(12, 7), nn::LayerNorm(nn::LayerNormOptions({7}))).ptr();
        }},
       {"WritesThroughViewsAndCasts", [] { return EmbeddingAndCasts().ptr(); }},
+      {"ElementWrites", [] { return ElementWrites().ptr(); }},
+      {"CatAndStack", [] { return Joined().ptr(); }},
   };
 }
 
@@ -126,6 +195,75 @@ TEST(ShardedMaterialization, ComputesOnlyTheSliceAndReportsIt) {
   }
   EXPECT_EQ(model->tok_embeddings->weight.sizes(), c10::IntArrayRef({64, 64}));
   EXPECT_THAT(stats.to_string(), HasSubstr("sliced"));
+}
+
+TEST(ShardedMaterialization, ComputesOnlyTheSliceOfConcatenatedAndStackedTensors) {
+  for (const int64_t dim : {0, 1}) {
+    for (const int64_t world : {2, 3, 7}) {
+      for (int64_t rank = 0; rank < world; ++rank) {
+        torch::manual_seed(4);
+        Joined model = deferred_init([] { return Joined(); });
+        const MaterializeStats stats =
+            materialize_module(*model, MaterializeOptions().shard({rank, world, dim}));
+        for (const TensorStats& t : stats.tensors) {
+          if (!t.box) {
+            continue;
+          }
+          EXPECT_TRUE(t.sliced) << t.name << ": " << t.fallback;
+          EXPECT_EQ(t.fallback, "") << t.name;
+          // A region inside one input is that input's part; across several, the parts and
+          // their concatenation (and the cast of a part to the promoted dtype).
+          EXPECT_LE(t.bytes_computed, (t.name == "promoted" ? 3 : 2) * t.bytes_kept) << t.name;
+          if (t.name == "fused" || (t.name == "qkv" && dim == 0 && world == 3)) {
+            EXPECT_EQ(t.bytes_computed, t.bytes_kept) << t.name;
+          }
+        }
+      }
+    }
+  }
+}
+
+// A parameter that was real at record time, and one computed from it.
+struct RealParametersImpl : nn::Module {
+  explicit RealParametersImpl(const at::Tensor& values) {
+    table = register_parameter("table", values);
+    torch::NoGradGuard no_grad;
+    scaled = register_parameter("scaled", torch::randn({6, 5}) * values);
+  }
+  at::Tensor table, scaled;
+};
+TORCH_MODULE(RealParameters);
+
+TEST(ShardedMaterialization, SlicesParametersThatWereRealAtRecordTimeInPlace) {
+  auto build = [] {
+    torch::manual_seed(6);
+    const at::Tensor values = torch::arange(30, torch::kFloat).reshape({6, 5});
+    return deferred_init([&] { return RealParameters(values); });
+  };
+  RealParameters full = build();
+  materialize_module(*full, MaterializeOptions().rng(RngMode::kCounter));
+  for (const int64_t dim : {0, 1}) {
+    for (const int64_t world : {1, 2, 3, 7}) {
+      std::map<std::string, std::vector<at::Tensor>> pieces;
+      for (int64_t rank = 0; rank < world; ++rank) {
+        RealParameters model = build();
+        const c10::TensorImpl* table = model->table.unsafeGetTensorImpl();
+        const MaterializeStats stats =
+            materialize_module(*model, MaterializeOptions().shard({rank, world, dim}));
+        EXPECT_EQ(model->table.unsafeGetTensorImpl(), table);
+        const auto entry = std::find_if(stats.tensors.begin(), stats.tensors.end(),
+                                        [](const TensorStats& t) { return t.name == "table"; });
+        ASSERT_NE(entry, stats.tensors.end());
+        EXPECT_EQ(entry->fallback, "real at record time");
+        EXPECT_EQ(entry->box.has_value(), world > 1);
+        EXPECT_EQ(shard_info(model->table).has_value(), world > 1);
+        pieces["table"].push_back(model->table);
+        pieces["scaled"].push_back(model->scaled);
+      }
+      EXPECT_TRUE(bitwise_equal(torch::cat(pieces["table"], dim), full->table)) << dim << world;
+      EXPECT_TRUE(bitwise_equal(torch::cat(pieces["scaled"], dim), full->scaled)) << dim << world;
+    }
+  }
 }
 
 TEST(ShardedMaterialization, ComputesOnlyTheInputWithoutARegionRuleWhole) {
@@ -303,6 +441,15 @@ TEST(ShardedMaterialization, KeepsIntegerBoundsBeyondDoublePrecision) {
   EXPECT_EQ(ids.size(0), 333);
   EXPECT_GE(ids.min().item<int64_t>(), from);
   EXPECT_LT(ids.max().item<int64_t>(), to);
+}
+
+TEST(ShardedMaterialization, FillsFullWithTheRecordedScalarExactly) {
+  const int64_t big = (int64_t{1} << 60) + 1;  // not a double
+  at::Tensor ids = deferred_init([&] { return torch::full({9, 2}, big, torch::kLong); });
+  at::Tensor flags = deferred_init([] { return torch::full({9}, true, torch::kBool); });
+  materialize_named_tensors({{"ids", ids}, {"flags", flags}}, MaterializeOptions().shard({1, 3}));
+  EXPECT_TRUE(torch::equal(ids, torch::full({3, 2}, big, torch::kLong)));
+  EXPECT_TRUE(torch::equal(flags, torch::ones({3}, torch::kBool)));
 }
 
 TEST(ShardedMaterialization, PadsTrailingShardsWhenAsked) {

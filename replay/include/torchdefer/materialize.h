@@ -154,8 +154,9 @@ void materialize_tensors(const std::vector<at::Tensor>& tensors,
 
 // Materializes the fake parameters and buffers of `module` and its children (honoring
 // check_fn and buffers_only), whole or, with shard()/region(), as this rank's slices. Tensors
-// that are already real, because they were materialized before or never were fake, are not
-// touched. Returns what it did per tensor.
+// that were materialized before are not touched; tensors that never were fake are not touched
+// either, except that shard()/region() slices them too (Note [Real tensors of a sharded module]).
+// Returns what it did per tensor.
 MaterializeStats materialize_module(torch::nn::Module& module,
                                     const MaterializeOptions& options = {});
 
