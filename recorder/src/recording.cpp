@@ -81,19 +81,6 @@ bool is_borrowed_memory(const at::Tensor& t) {
          t.storage().data_ptr().get_context() == nullptr;
 }
 
-// Note [Recording an op]
-// ~~~~~~~~~~~~~~~~~~~~~~
-// The DeferredInit fallback sees an operator before autograd and before any composite kernel
-// decomposed it, so a node is the call the model's code made (aten::linear, not aten::addmm).
-// It records the call only when the call involves fakes: a factory under a RecordingScope, or an
-// op with a fake argument, before or after deferred_init returned (every recorded fake carries
-// kDeferredInitKey, so `m->to(torch::kBFloat16)` or tying weights afterwards is recorded too).
-// Ops on real tensors alone are real computations and run unrecorded. The op then runs below
-// kDeferredInitKey with the key excluded, so the ops a composite kernel calls are not recorded a
-// second time; the Fake layer computes the outputs, and the recorder annotates each output fake
-// with its value and adds kDeferredInitKey to it. Arguments are classified before the op runs:
-// an in-place op must be recorded reading the input's old value and the real tensors' versions
-// as they were.
 // Note [Real tensors written while recording]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Construction creates real tensors too (torch.tensor(data), BatchNorm's num_batches_tracked,
@@ -121,6 +108,20 @@ bool is_borrowed_memory(const at::Tensor& t) {
 //     The recorder finds those nodes by storage, so a write through another view or through
 //     `.data` (a new version counter) is caught too. A write after deferred_init returned does not
 //     pass the recorder; materialization sees the changed version and refuses, as before.
+
+// Note [Recording an op]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// The DeferredInit fallback sees an operator before autograd and before any composite kernel
+// decomposed it, so a node is the call the model's code made (aten::linear, not aten::addmm).
+// It records the call only when the call involves fakes: a factory under a RecordingScope, or an
+// op with a fake argument, before or after deferred_init returned (every recorded fake carries
+// kDeferredInitKey, so `m->to(torch::kBFloat16)` or tying weights afterwards is recorded too).
+// Ops on real tensors alone are real computations and run unrecorded. The op then runs below
+// kDeferredInitKey with the key excluded, so the ops a composite kernel calls are not recorded a
+// second time; the Fake layer computes the outputs, and the recorder annotates each output fake
+// with its value and adds kDeferredInitKey to it. Arguments are classified before the op runs:
+// an in-place op must be recorded reading the input's old value and the real tensors' versions
+// as they were.
 class Recorder {
  public:
   Recorder(const c10::OperatorHandle& op, torch::jit::Stack* stack)
