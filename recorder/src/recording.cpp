@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -28,6 +29,20 @@ namespace {
 
 // The graph the innermost RecordingScope on this thread records into.
 thread_local std::shared_ptr<OpGraph> tls_graph;
+
+// Where the recorded nodes of one recording hold a real tensor by reference: node and input
+// index, by the tensor's storage (Note [Real tensors written while recording]).
+struct RealRead {
+  int64_t node;
+  size_t input;
+};
+struct OpenRecording {
+  OpGraph* graph;  // alive while its RecordingScope is
+  std::unordered_map<const c10::StorageImpl*, std::vector<RealRead>> real_reads;
+};
+
+// The RecordingScopes open on this thread, innermost last.
+thread_local std::vector<OpenRecording> tls_open_recordings;
 
 // Provided by the replay engine (value_reader.h).
 detail::ValueReader value_reader = nullptr;
@@ -66,6 +81,34 @@ bool is_borrowed_memory(const at::Tensor& t) {
          t.storage().data_ptr().get_context() == nullptr;
 }
 
+// Note [Real tensors written while recording]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Construction creates real tensors too (torch.tensor(data), BatchNorm's num_batches_tracked,
+// results of ops on real tensors alone) and may write into them: `t.copy_(torch.randn(3))`,
+// nn.init.sparse_ indexing a real weight with a recorded randperm, `num_batches_tracked += 1`
+// after a recorded op read it. Such a tensor stays real: its TensorImpl is a plain one that model
+// code holds and may read at any moment (item(), numpy(), a real op), so it cannot turn fake, and
+// it must hold what eager construction gave it from the write on. So the recording takes it in
+// two ways:
+//
+//  1. A write of this recording's values into a real tensor runs now, on the values: the
+//     recorder reads each fake argument as Note [Reading values while recording] does (eager's
+//     values, whatever RNG mode materializes the model later) and runs the op on the copies, after
+//     settling the generator if the op draws. The real tensor then holds eager's values, and
+//     recorded ops that read it later hold it as any real input. In counter RNG mode its values
+//     are still the torch-mode ones: it is a constant of the recording, the same for every rank,
+//     so shards still concatenate to the full model. Fakes of another recording or of a FakeMode
+//     have no values to read; the Fake layer refuses those writes as before.
+//  2. A recorded node holds a real input by reference, so that the graph costs no bytes per
+//     element. When construction is about to write into a real tensor that recorded nodes read
+//     (any in-place or out= op reaches the recorder while a RecordingScope is open, recorded or
+//     not), the recorder first gives those nodes a private copy of the contents they read (a
+//     constant, as for borrowed memory). Eager's order of reads and writes is kept, and the copy
+//     costs the tensor's bytes once, only for real tensors construction both reads and rewrites.
+//     The recorder finds those nodes by storage, so a write through another view or through
+//     `.data` (a new version counter) is caught too. A write after deferred_init returned does not
+//     pass the recorder; materialization sees the changed version and refuses, as before.
+
 // Note [Recording an op]
 // ~~~~~~~~~~~~~~~~~~~~~~
 // The DeferredInit fallback sees an operator before autograd and before any composite kernel
@@ -89,7 +132,8 @@ class Recorder {
 
   void run(c10::DispatchKeySet keys) {
     scan_arguments();
-    if (reads_values_of_recording()) {
+    keep_what_recorded_nodes_read();
+    if (reads_values_of_recording() || writes_recorded_values_into_real()) {
       run_on_values();
       return;
     }
@@ -110,11 +154,15 @@ class Recorder {
   void scan_arguments() {
     graph_ = tls_graph;
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
+      const bool written = is_written(schema_.arguments()[i - first_argument_]);
       map_tensors(stack_[i], [&](const at::Tensor& t) {
         if (!t.defined()) {
           return t;
         }
         has_tensor_ = true;
+        if (written && !is_fake(t)) {
+          written_real_.push_back(t);
+        }
         if (is_fake(t)) {
           has_fake_ = true;
           const RecordedFake* rec = recorded(t);
@@ -150,7 +198,66 @@ class Recorder {
     });
   }
 
+  // Note [Real tensors written while recording]: an op writing values of this recording into
+  // a real tensor.
+  bool writes_recorded_values_into_real() const {
+    return tls_graph != nullptr && has_fake_ && !written_real_.empty() &&
+           all_fakes_of_this_recording();
+  }
+
+  bool all_fakes_of_this_recording() const {
+    bool all = true;
+    for (size_t i = first_argument_; i < stack_.size(); ++i) {
+      map_tensors(stack_[i], [&](const at::Tensor& t) {
+        const RecordedFake* rec = is_fake(t) ? recorded(t) : nullptr;
+        all = all && (!is_fake(t) || (rec != nullptr && rec->graph == tls_graph));
+        return t;
+      });
+    }
+    return all;
+  }
+
+  // Note [Real tensors written while recording]: recorded nodes that read a real tensor this op
+  // is about to write get a copy of what they read.
+  void keep_what_recorded_nodes_read() {
+    if (written_real_.empty()) {
+      return;
+    }
+    for (OpenRecording& recording : tls_open_recordings) {
+      for (const at::Tensor& t : written_real_) {
+        if (t.has_storage()) {
+          keep_reads_of(recording, t.storage().unsafeGetStorageImpl());
+        }
+      }
+    }
+  }
+
+  static void keep_reads_of(OpenRecording& recording, const c10::StorageImpl* storage) {
+    const auto found = recording.real_reads.find(storage);
+    if (found == recording.real_reads.end()) {
+      return;
+    }
+    OpGraph& graph = *recording.graph;
+    const std::lock_guard<std::mutex> lock(graph.mutex());
+    for (const RealRead& read : found->second) {
+      const RecordedInput& held = graph.nodes()[read.node].inputs[read.input];
+      if (held.tensor.is_inference() || held.tensor._version() == held.version) {
+        RealOnlyGuard real_only;
+        RecordedInput copy;
+        copy.kind = RecordedInput::Kind::kConstant;
+        copy.tensor = held.tensor.detach().clone();
+        graph.replace_input(read.node, read.input, std::move(copy));
+      }
+    }
+    recording.real_reads.erase(found);
+  }
+
   void run_on_values() {
+    // Values are read on CPU. A write lands in the real tensor where it lives; other results
+    // belong on the fakes' device.
+    const std::optional<c10::Device> destination =
+        written_real_.empty() ? std::nullopt
+                              : std::optional<c10::Device>(written_real_[0].device());
     std::optional<c10::Device> device;
     try {
       for (size_t i = first_argument_; i < stack_.size(); ++i) {
@@ -159,18 +266,23 @@ class Recorder {
             return t;
           }
           device = device.value_or(t.device());
-          return read_values(t);
+          const at::Tensor values = read_values(t);
+          return destination && !destination->is_cpu() ? values.to(*destination) : values;
         });
       }
     } catch (c10::Error& e) {
+      const char* api = data_dependent_api(schema_.name());
       e.add_context(c10::str("torchdefer: while reading values for ",
-                             data_dependent_api(schema_.name()), " (", schema_.name(),
-                             ") in deferred_init of ", tls_graph->context()));
+                             api != nullptr ? api : "a write into a real tensor", " (",
+                             schema_.name(), ") in deferred_init of ", tls_graph->context()));
       throw;
+    }
+    if (detail::is_random(op_)) {
+      detail::settle_generator();  // it draws now, where eager would have drawn
     }
     RealOnlyGuard real_only;
     op_.callBoxed(&stack_);
-    if (device->is_cpu()) {
+    if (destination || device->is_cpu()) {
       return;
     }
     // The values were read on CPU; tensor results belong on the fakes' device.
@@ -220,7 +332,7 @@ class Recorder {
         });
       }
     }
-    RecordedNode node{op_, {}, {}, {}, std::nullopt};
+    RecordedNode node{op_, {}, {}, {}, std::nullopt, AmbientState::current()};
     node.arguments.reserve(schema_.arguments().size());
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
       node.arguments.push_back(map_tensors(stack_[i], [&](const at::Tensor& t) {
@@ -282,11 +394,27 @@ class Recorder {
     for (const at::Tensor& t : written_) {
       graph_->add_write(index, t);
     }
+    remember_real_reads(index);
     graph_->set_outputs(index, std::move(outputs));
     if (detail::is_random(op_)) {
       const at::Tensor& target = written_.empty() ? first_fake(fake_outputs) : written_.front();
       graph_->set_draws(index, detail::place_random_node(graph_, graph_->nodes()[index], target,
                                                          tls_graph != nullptr));
+    }
+  }
+
+  // Note [Real tensors written while recording]: which real tensors the recording in progress
+  // holds by reference.
+  void remember_real_reads(int64_t index) {
+    if (tls_open_recordings.empty() || tls_open_recordings.back().graph != graph_.get()) {
+      return;  // recorded after deferred_init returned: later writes do not pass the recorder
+    }
+    auto& reads = tls_open_recordings.back().real_reads;
+    const std::vector<RecordedInput>& inputs = graph_->nodes()[index].inputs;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].kind == RecordedInput::Kind::kReal && inputs[i].tensor.has_storage()) {
+        reads[inputs[i].tensor.storage().unsafeGetStorageImpl()].push_back({index, i});
+      }
     }
   }
 
@@ -301,6 +429,7 @@ class Recorder {
   const size_t first_argument_;
   std::shared_ptr<OpGraph> graph_;
   std::vector<at::Tensor> written_;
+  std::vector<at::Tensor> written_real_;
   bool has_fake_ = false;
   bool has_tensor_ = false;
 };
@@ -348,10 +477,12 @@ RecordingScope::RecordingScope(std::string context)
     : include_deferred_init_(kDeferredInitKey), saved_graph_(tls_graph) {
   auto graph = std::make_shared<OpGraph>(std::move(context));
   graph->set_counter_seed(default_generator_digest());
+  tls_open_recordings.push_back({graph.get(), {}});
   tls_graph = std::move(graph);
 }
 
 RecordingScope::~RecordingScope() {
+  tls_open_recordings.pop_back();
   tls_graph = std::move(saved_graph_);
   settle_generator();
 }

@@ -1,6 +1,7 @@
 // Region replay (Note [Region replay]).
 #include "region_replay.h"
 
+#include <torchdefer/ambient_state.h>
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/counter_rng.h>
 #include <torchdefer/fake_tensor.h>
@@ -490,6 +491,7 @@ std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedVal
   if (!ok) {
     return std::nullopt;
   }
+  const AmbientStateGuard ambient(node.ambient);
   node.op.callBoxed(&stack);
   at::Tensor result = stack.front().toTensor();
   // `contiguous` or `to` given a part that needs no change return that part itself, which can be
@@ -612,6 +614,7 @@ bool RegionReplay::apply_write(int64_t index, const RecordedValue& base, const B
   if (!ok) {
     return false;
   }
+  const AmbientStateGuard ambient(node.ambient);
   node.op.callBoxed(&stack);
   return true;
 }

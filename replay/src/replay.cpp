@@ -4,6 +4,7 @@
 
 #include "recorded_ops.h"
 
+#include <torchdefer/ambient_state.h>
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/counter_rng.h>
 #include <torchdefer/fake_tensor_impl.h>
@@ -348,6 +349,7 @@ void GraphReplay::run_node(int64_t index) {
   if (node.draws && options_.rng() == RngMode::kTorch) {
     place_generator(*node.draws);
   }
+  const AmbientStateGuard ambient(node.ambient);
   node.op.callBoxed(&stack);
   size_t output = 0;
   for (size_t i = 0; i < stack.size(); ++i) {

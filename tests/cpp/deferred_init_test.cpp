@@ -109,6 +109,65 @@ TEST(DeferredInit, CapturesRealTensorsByReferenceWithTheirVersion) {
   EXPECT_THAT(explain(w), HasSubstr("copy_(real Float[4] on cpu)"));
 }
 
+// Note [Ambient state is part of the recording]
+TEST(DeferredInit, RecordsAndReplaysTheDefaultDtypeEachOpRanUnder) {
+  auto build = [] {
+    c10::set_default_dtype(caffe2::TypeMeta::Make<double>());
+    at::Tensor w = torch::randn({20});
+    at::Tensor ratio = torch::arange(5) / 3;  // integer division promotes to the default dtype
+    c10::set_default_dtype(caffe2::TypeMeta::Make<float>());
+    return std::make_tuple(w, ratio, torch::rand({3}));
+  };
+  torch::manual_seed(4);
+  const auto [eager_w, eager_ratio, eager_after] = build();
+  torch::manual_seed(4);
+  const auto [w, ratio, after] = deferred_init(build);
+  EXPECT_EQ(recorded(w)->graph->nodes().front().ambient.default_dtype, at::kDouble);
+  EXPECT_EQ(ratio.scalar_type(), at::kDouble);
+  EXPECT_EQ(after.scalar_type(), at::kFloat);
+  materialize_tensor(w);
+  materialize_tensor(ratio);
+  materialize_tensor(after);
+  EXPECT_EQ(c10::get_default_dtype(), caffe2::TypeMeta::Make<float>());
+  EXPECT_TRUE(testing::bitwise_equal(w, eager_w));
+  EXPECT_TRUE(testing::bitwise_equal(ratio, eager_ratio));
+  EXPECT_TRUE(testing::bitwise_equal(after, eager_after));
+}
+
+// Note [Real tensors written while recording]. (C++ factories under deferred_init return fakes,
+// so the real tensors here are made outside it.)
+TEST(DeferredInit, WritesRecordedValuesIntoARealTensorAsEagerDoes) {
+  auto build = [](at::Tensor real) {
+    real.copy_(torch::randn({3}));
+    return torch::randn({5});
+  };
+  at::Tensor eager_real = torch::tensor({1.0f, 2.0f, 3.0f});
+  torch::manual_seed(7);
+  const at::Tensor eager_after = build(eager_real);
+  const at::Tensor eager_next = torch::rand({2});
+  at::Tensor real = torch::tensor({1.0f, 2.0f, 3.0f});
+  torch::manual_seed(7);
+  const at::Tensor after = deferred_init(build, real);
+  EXPECT_TRUE(torch::equal(torch::rand({2}), eager_next));
+  EXPECT_TRUE(testing::bitwise_equal(real, eager_real));
+  materialize_tensor(after);
+  EXPECT_TRUE(testing::bitwise_equal(after, eager_after));
+}
+
+TEST(DeferredInit, RecordedReadsOfARealTensorKeepWhatTheyReadWhenConstructionRewritesIt) {
+  at::Tensor scale = torch::tensor({2.0f, 3.0f});
+  at::Tensor w = deferred_init([&] {
+    at::Tensor w = torch::ones({2}) * scale;
+    scale.mul_(10);
+    return w;
+  });
+  const RecordedNode& mul = recorded(w)->graph->nodes().back();
+  EXPECT_EQ(mul.inputs[1].kind, RecordedInput::Kind::kConstant);
+  materialize_tensor(w);
+  EXPECT_TRUE(torch::equal(w, torch::tensor({2.0f, 3.0f})));
+  EXPECT_TRUE(torch::equal(scale, torch::tensor({20.0f, 30.0f})));
+}
+
 TEST(DeferredInit, CopiesTensorsOverBorrowedMemoryIntoConstants) {
   std::vector<float> host = {1, 2, 3};
   at::Tensor w =

@@ -2,6 +2,7 @@
 // in the form the replay engine reads it.
 #pragma once
 
+#include <torchdefer/ambient_state.h>
 #include <torchdefer/fake_tensor_impl.h>
 
 #include <ATen/core/Tensor.h>
@@ -94,6 +95,7 @@ struct RecordedNode {
   std::vector<RecordedInput> inputs;   // the tensors of `arguments`, in map_tensors order
   std::vector<int64_t> outputs;        // a value per output tensor (map_tensors order), or -1
   std::optional<RecordedDraws> draws;  // set for random ops
+  AmbientState ambient;                // Note [Ambient state is part of the recording]
 };
 
 class OpGraph {
@@ -121,6 +123,13 @@ class OpGraph {
 
   // Records that `node` wrote into the storage `fake` views.
   void add_write(int64_t node, const at::Tensor& fake);
+
+  // Replaces input `input` of `node` (in map_tensors order): the recorder swaps a real tensor it
+  // held by reference for a copy of what the node read (Note [Real tensors written while
+  // recording]).
+  void replace_input(int64_t node, size_t input, RecordedInput replacement) {
+    nodes_[node].inputs[input] = std::move(replacement);
+  }
 
   // Sets the values of `node`'s output tensors (-1 where an output is not a fake).
   void set_outputs(int64_t node, std::vector<int64_t> outputs) {

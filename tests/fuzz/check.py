@@ -1,0 +1,258 @@
+"""The differential checks one fuzz program goes through (docs/fuzzing.md, "What it checks").
+
+1. ``torch``: ``torch.manual_seed(seed); M()`` (eager) against ``deferred_init(M)`` then
+   ``materialize_module`` in torch RNG mode: every parameter, buffer and tensor attribute (also
+   inside lists, tuples and dicts) bitwise, with its dtype, shape, strides, ``requires_grad`` and
+   type; which tensors share storage (and which are the same object); and the default generator's
+   state after construction. A program on which eager raises must make ``deferred_init`` raise
+   the same exception type.
+2. ``child_first``: the same, with the program's submodules materialized one by one in a random
+   order before the root.
+3. ``counter``: every rank of ``Shard(r, W, dim)`` for a random ``W`` in {1, 2, 3, 7}: each
+   parameter is its ``torch.chunk`` slice of the full counter-mode materialization, bitwise, and
+   every other tensor is the whole full-model tensor (or the slice its ``shard_info`` names).
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+import warnings
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Tuple
+
+import torch
+import torchdefer
+
+from .programs import Program
+
+CHECKS = ("torch", "child_first", "counter")
+WORLD_SIZES = (1, 2, 3, 7)
+
+
+@dataclass
+class Outcome:
+    """How one program fared: ``ok``, ``eager_raises`` (and deferred_init raised the same
+    type: a pass), or ``mismatch`` in ``check`` with ``message``."""
+
+    program: Program
+    status: str
+    check: str = ""
+    message: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "mismatch"
+
+    def report(self) -> str:
+        """A self-contained reproducer: the failure as a comment, then the program."""
+        header = [
+            f"# fuzz program seed={self.program.seed} families={','.join(self.program.families)}",
+            f"# check: {self.check}",
+        ]
+        header += ["# " + line for line in self.message.strip().splitlines()]
+        return "\n".join(header) + "\n" + self.program.source
+
+
+class Mismatch(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Walking a module: every tensor reachable from it, by name.
+
+
+def _tensors_in(value: Any, name: str) -> Iterator[Tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for k, item in enumerate(value):
+            yield from _tensors_in(item, f"{name}[{k}]")
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            yield from _tensors_in(item, f"{name}[{k!r}]")
+
+
+def named_tensors(module: torch.nn.Module, prefix: str = "") -> Dict[str, Tuple[torch.Tensor, str]]:
+    """name -> (tensor, role) for every parameter, buffer and tensor attribute of `module` and
+    its children (shared ones under each of their names); role is parameter, buffer or attribute."""
+    found: Dict[str, Tuple[torch.Tensor, str]] = {}
+    for key, p in module._parameters.items():
+        if p is not None:
+            found[prefix + key] = (p, "parameter")
+    for key, b in module._buffers.items():
+        if b is not None:
+            found[prefix + key] = (b, "buffer")
+    for key, value in vars(module).items():
+        if key.startswith("_"):
+            continue
+        for name, t in _tensors_in(value, prefix + key):
+            found[name] = (t, "attribute")
+    for key, child in module._modules.items():
+        if child is not None:
+            found.update(named_tensors(child, f"{prefix}{key}."))
+    return found
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _describe(t: torch.Tensor) -> str:
+    if torchdefer.is_fake(t):
+        return repr(t)
+    return f"{type(t).__name__} {t.dtype}{list(t.shape)} strides={t.stride()} requires_grad={t.requires_grad}"
+
+
+def _same_tensor(name: str, expected: torch.Tensor, got: torch.Tensor, strict: bool = True) -> None:
+    if torchdefer.is_fake(got):
+        raise Mismatch(f"{name}: still fake after materialize_module ({_describe(got)})")
+    if expected.dtype != got.dtype or expected.shape != got.shape:
+        raise Mismatch(f"{name}: expected {_describe(expected)}, got {_describe(got)}")
+    if not torch.equal(_bits(expected), _bits(got)):
+        raise Mismatch(f"{name}: values differ\n  expected {expected.detach().flatten()[:8].tolist()}\n"
+                       f"  got      {got.detach().flatten()[:8].tolist()}")
+    if strict and (type(expected) is not type(got) or expected.requires_grad != got.requires_grad
+                   or (expected.numel() > 1 and expected.stride() != got.stride())):
+        raise Mismatch(f"{name}: expected {_describe(expected)}, got {_describe(got)}")
+
+
+def _sharing(tensors: Dict[str, Tuple[torch.Tensor, str]]) -> Tuple[List[List[str]], List[List[str]]]:
+    """Groups of names that share one storage (non-empty ones), and groups that are one object."""
+    by_storage: Dict[int, List[str]] = {}
+    by_object: Dict[int, List[str]] = {}
+    for name, (t, _) in tensors.items():
+        by_object.setdefault(id(t), []).append(name)
+        if torchdefer.is_fake(t) or t.untyped_storage().nbytes() == 0:
+            continue
+        by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(name)
+    groups = lambda d: sorted(sorted(g) for g in d.values() if len(g) > 1)  # noqa: E731
+    return groups(by_storage), groups(by_object)
+
+
+def compare_modules(eager: torch.nn.Module, deferred: torch.nn.Module) -> None:
+    expected, got = named_tensors(eager), named_tensors(deferred)
+    if expected.keys() != got.keys():
+        raise Mismatch(f"tensor names differ: eager only {sorted(expected.keys() - got.keys())}, "
+                       f"deferred only {sorted(got.keys() - expected.keys())}")
+    for name, (t, _) in expected.items():
+        _same_tensor(name, t, got[name][0])
+    e_storage, e_object = _sharing(expected)
+    d_storage, d_object = _sharing(got)
+    if e_object != d_object:
+        raise Mismatch(f"tied tensors differ: eager {e_object}, deferred {d_object}")
+    if e_storage != d_storage:
+        raise Mismatch(f"shared storages differ: eager {e_storage}, deferred {d_storage}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks.
+
+
+def _record(cls: type, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torchdefer.deferred_init(cls)
+
+
+def _check_torch(cls: type, seed: int, eager: torch.nn.Module, eager_state: torch.Tensor) -> None:
+    deferred = _record(cls, seed)
+    if not torch.equal(torch.get_rng_state(), eager_state):
+        raise Mismatch("the default generator after deferred_init is not where eager construction left it")
+    torchdefer.materialize_module(deferred)
+    if not torch.equal(torch.get_rng_state(), eager_state):
+        raise Mismatch("materialize_module moved the default generator")
+    compare_modules(eager, deferred)
+
+
+def _check_child_first(cls: type, seed: int, eager: torch.nn.Module, rng: random.Random) -> None:
+    deferred = _record(cls, seed)
+    children = [m for name, m in deferred.named_modules() if name]
+    rng.shuffle(children)
+    for child in children[: rng.randint(1, max(1, len(children)))]:
+        torchdefer.materialize_module(child)
+    torchdefer.materialize_module(deferred)
+    compare_modules(eager, deferred)
+
+
+def _chunk_box(size: int, world: int, rank: int) -> Tuple[int, int]:
+    chunk = -(-size // world)
+    start = min(rank * chunk, size)
+    return start, min(start + chunk, size)
+
+
+def _check_counter(cls: type, seed: int, rng: random.Random) -> str:
+    world, dim = rng.choice(WORLD_SIZES), rng.randint(0, 1)
+    full_module = _record(cls, seed)
+    torchdefer.materialize_module(full_module, rng="counter")
+    full = named_tensors(full_module)
+    for rank in range(world):
+        part_module = _record(cls, seed)
+        torchdefer.materialize_module(part_module, shard=torchdefer.Shard(rank, world, dim=dim))
+        part = named_tensors(part_module)
+        for name, (whole, role) in full.items():
+            local = part[name][0]
+            where = f"{name} (rank {rank} of Shard(W={world}, dim={dim}), {role})"
+            if torchdefer.is_fake(local):
+                raise Mismatch(f"{where}: still fake after materialize_module")
+            expected = whole
+            info = torchdefer.shard_info(local)
+            if role == "parameter" and whole.dim() > dim:
+                start, stop = _chunk_box(whole.shape[dim], world, rank)
+                expected = whole.narrow(dim, start, stop - start)
+            elif info is not None:
+                for d, (start, stop) in enumerate(zip(*info["box"])):
+                    expected = expected.narrow(d, start, stop - start)
+            _same_tensor(where, expected, local, strict=False)
+    return f"W={world} dim={dim}"
+
+
+def _exception_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def run_program(program: Program, checks: Tuple[str, ...] = CHECKS) -> Outcome:
+    """Runs `program` through `checks` and says how it fared; never raises for a mismatch."""
+    unknown = [c for c in checks if c not in CHECKS]
+    if unknown:
+        raise ValueError(f"unknown fuzz checks {unknown}; known: {list(CHECKS)}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cls = program.build()
+        rng = random.Random(program.seed ^ 0x5EED)
+        try:
+            torch.manual_seed(program.seed)
+            eager = cls()
+            eager_state = torch.get_rng_state()
+        except Exception as eager_error:  # noqa: BLE001 (any exception eager raises is the reference)
+            try:
+                _record(cls, program.seed)
+            except Exception as deferred_error:  # noqa: BLE001
+                if type(deferred_error) is type(eager_error):
+                    return Outcome(program, "eager_raises")
+                return Outcome(program, "mismatch", "torch", f"eager raised {_exception_line(eager_error)}\n"
+                               f"deferred_init raised {_exception_line(deferred_error)}")
+            return Outcome(program, "mismatch", "torch",
+                           f"eager raised {_exception_line(eager_error)}; deferred_init did not")
+        for check in checks:
+            try:
+                if check == "torch":
+                    _check_torch(cls, program.seed, eager, eager_state)
+                elif check == "child_first":
+                    _check_child_first(cls, program.seed, eager, rng)
+                else:
+                    _check_counter(cls, program.seed, rng)
+            except Mismatch as mismatch:
+                return Outcome(program, "mismatch", check, str(mismatch))
+            except Exception as error:  # noqa: BLE001 (eager did not raise, so torchdefer must not)
+                frames = traceback.format_exception_only(type(error), error)
+                return Outcome(program, "mismatch", check, "torchdefer raised (eager did not): "
+                               + "".join(frames).strip())
+    return Outcome(program, "ok")
+
+
+def run_seed(seed: int, families: Tuple[str, ...], checks: Tuple[str, ...] = CHECKS) -> Outcome:
+    from .programs import generate
+
+    return run_program(generate(seed, families), checks)
+

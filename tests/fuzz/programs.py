@@ -1,0 +1,486 @@
+"""Random init programs: seeded generators of nn.Module constructors, printed as Python source.
+
+A program is the source of one module class, ``M``, whose ``__init__`` is a sequence of
+*snippets*. Each snippet comes from one *family*: a kind of construction code that model code
+runs and that deferred_init must record exactly (docs/fuzzing.md lists them with the issue class
+each one exercises). The program is a pure function of ``(seed, families)``: the same pair always
+prints the same source, so a failure is reproduced from the seed and the family list alone, and
+the printed source is a self-contained reproducer.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Sequence, Tuple
+
+HEADER = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+
+FLOAT_DTYPES = ["torch.float32", "torch.float64", "torch.bfloat16", "torch.float16"]
+
+
+@dataclass
+class Context:
+    """What the snippets of one program share: fresh names and the parameters made so far."""
+
+    rng: random.Random
+    counter: int = 0
+    # Attribute paths of 2-d floating parameters (e.g. "self.c0.weight"), for snippets that
+    # alias tensors an earlier snippet made.
+    matrices: List[str] = field(default_factory=list)
+
+    def fresh(self) -> int:
+        self.counter += 1
+        return self.counter
+
+    def shape(self, lo: int = 1, hi: int = 9) -> Tuple[int, int]:
+        return self.rng.randint(lo, hi), self.rng.randint(lo, hi)
+
+    def value(self) -> float:
+        return round(self.rng.uniform(-2.0, 2.0), 3)
+
+    def pick(self, options: Sequence):
+        return options[self.rng.randrange(len(options))]
+
+
+Snippet = Callable[[Context], List[str]]
+
+
+def _view(ctx: Context, name: str, rows: int, cols: int) -> Tuple[str, int, int]:
+    """An expression viewing the 2-d tensor `name`, and the view's shape (rows, cols; cols=0 for
+    a 1-d view)."""
+    r = ctx.rng
+    kind = ctx.pick(["whole", "rows", "cols", "t", "row", "step", "narrow", "flat"])
+    if kind == "rows":
+        a = r.randrange(rows)
+        b = r.randint(a + 1, rows)
+        return f"{name}[{a}:{b}]", b - a, cols
+    if kind == "cols":
+        a = r.randrange(cols)
+        b = r.randint(a + 1, cols)
+        return f"{name}[:, {a}:{b}]", rows, b - a
+    if kind == "t":
+        return f"{name}.t()", cols, rows
+    if kind == "row":
+        return f"{name}[{r.randrange(rows)}]", cols, 0
+    if kind == "step":
+        return f"{name}[:, ::2]", rows, (cols + 1) // 2
+    if kind == "narrow":
+        a = r.randrange(rows)
+        return f"{name}.narrow(0, {a}, {rows - a})", rows - a, cols
+    if kind == "flat":
+        return f"{name}.view(-1)", rows * cols, 0
+    return name, rows, cols
+
+
+def _inplace(ctx: Context, target: str, rows: int, cols: int, dtype: str) -> str:
+    a = ctx.value()
+    shape = f"({rows},)" if cols == 0 else f"({cols},)"
+    ops = [
+        f"{target}.uniform_({a}, {a + 1.5})",
+        f"{target}.normal_({a}, 0.5)",
+        f"{target}.bernoulli_(0.3)",
+        f"{target}.exponential_(1.5)",
+        f"{target}.fill_({a})",
+        f"{target}.mul_({a})",
+        f"{target}.add_(torch.full({shape}, {a}, dtype={dtype}))",
+        f"{target}.clamp_({min(a, 0.0)}, {max(a, 0.0) + 0.25})",
+        f"{target}.copy_(({target} * 3).to(torch.float64).round().to({dtype}))",
+        f"{target}.clamp_(-0.5, 0.5).erfinv_()",
+        f"{target}.random_(0, 10)",
+        f"{target}.geometric_(0.3)",
+        f"{target}.cauchy_()",
+        f"{target}.log_normal_(0.0, 0.25)",
+        f"{target}.zero_()",
+        f"{target}.uniform_().sub_(0.5).mul_(2)",
+    ]
+    return ctx.pick(ops)
+
+
+def basics(ctx: Context) -> List[str]:
+    """Factories, views, in-place random and pointwise ops through views, casts."""
+    i, (rows, cols) = ctx.fresh(), ctx.shape()
+    dtype = ctx.pick(FLOAT_DTYPES)
+    factory = ctx.pick(
+        [
+            f"torch.zeros({rows}, {cols}, dtype={dtype})",
+            f"torch.ones({rows}, {cols}, dtype={dtype})",
+            f"torch.rand({rows}, {cols}, dtype={dtype})",
+            f"torch.randn({rows}, {cols}, dtype={dtype})",
+            f"torch.full(({rows}, {cols}), {ctx.value()}, dtype={dtype})",
+            f"torch.arange({rows * cols}, dtype={dtype}).reshape({rows}, {cols})",
+            f"torch.linspace(-1, 1, {rows * cols}, dtype={dtype}).view({rows}, {cols})",
+            f"torch.empty({rows}, {cols}, dtype={dtype}).fill_(0.5)",
+            f"torch.eye({rows}, {cols}, dtype={dtype})",
+        ]
+    )
+    name = f"self.p{i}"
+    lines = [f"{name} = nn.Parameter({factory})", "with torch.no_grad():"]
+    for _ in range(ctx.rng.randint(1, 4)):
+        view, vr, vc = _view(ctx, name, rows, cols)
+        lines.append("    " + _inplace(ctx, view, vr, vc, dtype))
+    if ctx.rng.random() < 0.5:
+        cast = ctx.pick(FLOAT_DTYPES)
+        lines.append(f'self.register_buffer("b{i}", {name}.detach().to({cast}) * {ctx.value()})')
+    if dtype in ("torch.float32", "torch.float64"):
+        ctx.matrices.append(name)
+    return lines
+
+
+def init(ctx: Context) -> List[str]:
+    """torch.nn.init functions, on fresh parameters and on module weights."""
+    i, (rows, cols) = ctx.fresh(), ctx.shape(2, 9)
+    name = f"self.w{i}"
+    calls = [
+        f"nn.init.uniform_({name}, -0.3, 0.7)",
+        f"nn.init.normal_({name}, 0.1, 0.02)",
+        f"nn.init.trunc_normal_({name}, std=0.02, a=-0.04, b=0.04)",
+        f"nn.init.trunc_normal_({name}, mean=0.5, std=1.0, a=-1.0, b=2.0)",
+        f"nn.init.xavier_uniform_({name})",
+        f"nn.init.xavier_normal_({name}, gain=0.5)",
+        f"nn.init.kaiming_uniform_({name}, a=math.sqrt(5))",
+        f"nn.init.kaiming_normal_({name}, mode='fan_out', nonlinearity='relu')",
+        f"nn.init.orthogonal_({name})",
+        f"nn.init.eye_({name})",
+        f"nn.init.sparse_({name}, 0.5)",
+        f"nn.init.constant_({name}, {ctx.value()})",
+        f"nn.init.ones_({name}); nn.init.zeros_({name}[0])",
+    ]
+    lines = [f"{name} = nn.Parameter(torch.empty({rows}, {cols}))"]
+    for _ in range(ctx.rng.randint(1, 2)):
+        lines.append(ctx.pick(calls))
+    ctx.matrices.append(name)
+    if ctx.rng.random() < 0.4:
+        out_c, in_c, k = ctx.rng.randint(1, 4), ctx.rng.randint(1, 4), ctx.pick([1, 3])
+        lines.append(f"self.k{i} = nn.Conv2d({in_c}, {out_c}, {k})")
+        lines.append(ctx.pick([f"nn.init.dirac_(self.k{i}.weight)", f"nn.init.kaiming_normal_(self.k{i}.weight)"]))
+    return lines
+
+
+def modules(ctx: Context) -> List[str]:
+    """torch.nn modules as model code builds them, tied weights, apply(init) with .data writes."""
+    i = ctx.fresh()
+    d, o = ctx.rng.randint(1, 8), ctx.rng.randint(1, 8)
+    lines: List[str] = []
+    kind = ctx.pick(["linear", "embedding", "norms", "conv", "tied", "apply", "attention"])
+    if kind == "linear":
+        lines.append(f"self.m{i} = nn.Linear({d}, {o}, bias={ctx.pick(['True', 'False'])})")
+        ctx.matrices.append(f"self.m{i}.weight")
+    elif kind == "embedding":
+        lines.append(f"self.m{i} = nn.Embedding({o + 2}, {d}, padding_idx={ctx.rng.randrange(o + 2)})")
+        ctx.matrices.append(f"self.m{i}.weight")
+    elif kind == "norms":
+        lines.append(f"self.m{i} = nn.Sequential(nn.LayerNorm({d}), nn.BatchNorm1d({d}), nn.GroupNorm(1, {d}))")
+    elif kind == "conv":
+        lines.append(f"self.m{i} = nn.Conv1d({d}, {o}, {ctx.pick([1, 2, 3])}, groups=1)")
+    elif kind == "tied":
+        lines.append(f"self.m{i} = nn.Embedding({o}, {d})")
+        lines.append(f"self.h{i} = nn.Linear({d}, {o}, bias=False)")
+        lines.append(f"self.h{i}.weight = self.m{i}.weight")
+        ctx.matrices.append(f"self.m{i}.weight")
+    elif kind == "apply":
+        lines.append(f"self.m{i} = nn.Sequential(nn.Linear({d}, {o}), nn.ReLU(), nn.Linear({o}, {d}))")
+        lines.append("for sub in self.m%d.modules():" % i)
+        lines.append("    if isinstance(sub, nn.Linear):")
+        lines.append("        sub.weight.data.normal_(mean=0.0, std=0.02)")
+        lines.append("        sub.bias.data.zero_()")
+    else:
+        heads = ctx.pick([1, 2])
+        lines.append(f"self.m{i} = nn.MultiheadAttention({2 * heads * ctx.rng.randint(1, 3)}, {heads})")
+    return lines
+
+
+def element_writes(ctx: Context) -> List[str]:
+    """Writes through single elements: select/index views, reshape(-1)[k], dirac_ (issue 11, class 4)."""
+    i, (rows, cols) = ctx.fresh(), ctx.shape(2, 9)
+    name = f"self.e{i}"
+    r, c = ctx.rng.randrange(rows), ctx.rng.randrange(cols)
+    writes = [
+        f"{name}.data[{r}].zero_()",
+        f"{name}.data[{r}].random_(51)",
+        f"{name}.reshape(-1)[{ctx.rng.randrange(rows * cols)}].geometric_(0.1)",
+        f"{name}[{r}, {c}] = {ctx.value()}",
+        f"{name}.data[:, {c}].fill_({ctx.value()})",
+        f"{name}[-1].normal_()",
+        f"{name}[{r}][{c}].uniform_(-1, 1)",
+        f"{name}.index_fill_(0, torch.tensor([{r}]), {ctx.value()})",
+        f"{name}[[{r}, {rows - 1}]] = {ctx.value()}",
+    ]
+    lines = [f"{name} = nn.Parameter(torch.randn({rows}, {cols}))", "with torch.no_grad():"]
+    for _ in range(ctx.rng.randint(1, 3)):
+        lines.append("    " + ctx.pick(writes))
+    if ctx.rng.random() < 0.3:
+        lines.append(f"self.d{i} = nn.Conv1d({ctx.rng.randint(1, 4)}, {ctx.rng.randint(1, 4)}, 3)")
+        lines.append(f"nn.init.dirac_(self.d{i}.weight)")
+    ctx.matrices.append(name)
+    return lines
+
+
+def bool_mask(ctx: Context) -> List[str]:
+    """Boolean-mask indexing and other ops with data-dependent output shapes (class 6)."""
+    i, (rows, cols) = ctx.fresh(), ctx.shape()
+    lines = [f"x{i} = torch.randn({rows}, {cols})"]
+    uses = [
+        f'self.register_buffer("m{i}", x{i}[x{i} > 0])',
+        f'self.register_buffer("m{i}", torch.masked_select(x{i}, x{i} > 0.5))',
+        f'self.register_buffer("m{i}", x{i}[x{i}.abs() < 1].clone())',
+        f'self.register_buffer("m{i}", torch.nonzero(x{i} > 0))',
+        f'self.register_buffer("m{i}", x{i}.masked_fill(x{i} > 0, {ctx.value()}))',
+    ]
+    lines.append(ctx.pick(uses))
+    if ctx.rng.random() < 0.5:
+        lines.append(f"self.q{i} = nn.Parameter(torch.randn({rows}, {cols}))")
+        lines.append("with torch.no_grad():")
+        lines.append(f"    self.q{i}[self.q{i} < 0] = {ctx.value()}")
+    return lines
+
+
+def where_scalar(ctx: Context) -> List[str]:
+    """torch.where with Python scalars, on real and on recorded inputs (class 10)."""
+    i, n = ctx.fresh(), ctx.rng.randint(1, 8)
+    values = ", ".join(str(ctx.value()) for _ in range(n))
+    a, b = ctx.value(), ctx.value()
+    uses = [
+        f'self.register_buffer("w{i}", torch.where(t{i} > 0, t{i}, {a}))',
+        f'self.register_buffer("w{i}", torch.where(t{i} > 0, {a}, {b}))',
+        f'self.register_buffer("w{i}", torch.where(t{i} < {a}, {b}, t{i}) * 2)',
+    ]
+    source = ctx.pick([f"torch.tensor([{values}])", f"torch.randn({n})"])
+    return [f"t{i} = {source}", ctx.pick(uses)]
+
+
+def unused_random(ctx: Context) -> List[str]:
+    """Random ops whose output is never used, then a parameter that draws after them (class 5)."""
+    i, (rows, cols) = ctx.fresh(), ctx.shape()
+    lines = [f"x{i} = torch.randn({rows}, {cols})"]
+    draws = [
+        f"_ = torch.randn_like(x{i})",
+        f"_ = torch.randn_like(x{i}.t())",
+        f"_ = torch.rand_like(x{i}[:, :1])",
+        f"_ = torch.normal(x{i}, x{i}.abs() + 0.1)",
+        f"_ = torch.normal(0.0, x{i}.abs() + 0.1)",
+        f"_ = torch.bernoulli(torch.rand({rows}))",
+        f"_ = x{i}.clone().bernoulli_(0.25)",
+        f"_ = F.dropout(x{i}, 0.5, training=True)",
+        f"_ = nn.Dropout(0.3)(x{i})",
+        f"_ = torch.multinomial(torch.rand({cols}) + 0.1, 1)",
+        f"_ = torch.poisson(torch.rand({rows}) * 3)",
+        f"_ = torch.randperm({rows})",
+        f"_ = torch.randint(0, 10, ({rows},))",
+    ]
+    for _ in range(ctx.rng.randint(1, 3)):
+        lines.append(ctx.pick(draws))
+    r2, c2 = ctx.shape()
+    lines.append(f"self.u{i} = nn.Parameter(torch.randn({r2}, {c2}))")
+    return lines
+
+
+def size_zero(ctx: Context) -> List[str]:
+    """Size-0 tensors: random ops on them, init functions, a size-0 matmul (class 12)."""
+    i, n = ctx.fresh(), ctx.rng.randint(1, 5)
+    uses = [
+        f'self.register_buffer("z{i}", torch.empty(0, {n}, dtype=torch.int64).random_(0, 10))',
+        f'self.register_buffer("z{i}", torch.empty(0, dtype=torch.int32).random_())',
+        f'self.register_buffer("z{i}", torch.randint(0, 5, (0, {n})))',
+        f'self.register_buffer("z{i}", torch.randn(0, {n}) @ torch.randn({n}, 3))',
+        f"self.z{i} = nn.Parameter(torch.empty(0, {n})); nn.init.normal_(self.z{i})",
+        f"self.z{i} = nn.Parameter(torch.empty({n}, 0)); nn.init.trunc_normal_(self.z{i}, std=0.02)",
+        f'self.register_buffer("z{i}", torch.empty(0, dtype=torch.int64)); nn.init.trunc_normal_(self.z{i})',
+        f'self.register_buffer("z{i}", torch.empty(0, {n}).bernoulli_(0.5))',
+    ]
+    lines = [ctx.pick(uses)]
+    lines.append(f"self.y{i} = nn.Parameter(torch.rand({n}, 2))")
+    return lines
+
+
+def real_written(ctx: Context) -> List[str]:
+    """Real tensors created during construction and written with recorded values (class 11)."""
+    i, n = ctx.fresh(), ctx.rng.randint(1, 6)
+    values = ", ".join(str(ctx.value()) for _ in range(n))
+    kind = ctx.pick(["copy", "add", "index", "sparse", "batchnorm", "read_then_write", "attr"])
+    if kind == "copy":
+        return [f"t{i} = torch.tensor([{values}])", f"t{i}.copy_(torch.randn({n}))", f'self.register_buffer("r{i}", t{i})']
+    if kind == "add":
+        return [
+            f"t{i} = torch.tensor([{values}])",
+            f"t{i}.add_(torch.rand({n})).mul_(2)",
+            f"self.r{i} = nn.Parameter(t{i})",
+        ]
+    if kind == "index":
+        return [
+            f"t{i} = torch.tensor([{values}])",
+            f"t{i}[torch.randint(0, {n}, (2,))] = {ctx.value()}",
+            f'self.register_buffer("r{i}", t{i})',
+        ]
+    if kind == "sparse":
+        rows, cols = ctx.shape(2, 6)
+        return [
+            f"w{i} = torch.tensor([[0.0] * {cols}] * {rows})",
+            f"nn.init.sparse_(w{i}, 0.5)",
+            f"self.r{i} = nn.Parameter(w{i})",
+        ]
+    if kind == "batchnorm":
+        d = ctx.rng.randint(1, 4)
+        return [
+            f"self.n{i} = nn.BatchNorm1d({d})",
+            f'self.register_buffer("r{i}", self.n{i}.num_batches_tracked + torch.randint(0, 3, ()))',
+            f"self.n{i}.num_batches_tracked += 1",
+        ]
+    if kind == "read_then_write":
+        return [
+            f"t{i} = torch.tensor([{values}])",
+            f'self.register_buffer("r{i}", torch.randn({n}) * t{i})',
+            f"t{i}.mul_(3)",
+            f'self.register_buffer("s{i}", t{i} + torch.zeros({n}))',
+        ]
+    return [f"self.r{i} = torch.tensor([{values}])", f"self.r{i}.copy_(torch.randn({n}) * 2)"]
+
+
+def attributes(ctx: Context) -> List[str]:
+    """Tensors held as plain attributes, and in lists, tuples and dicts on a module (class 3)."""
+    i, n = ctx.fresh(), ctx.rng.randint(1, 8)
+    uses = [
+        f"self.a{i} = torch.randn({n}, 2)",
+        f"self.a{i} = 1.0 / (10000 ** (torch.arange(0, {2 * n}, 2).float() / {2 * n}))",
+        f"self.a{i} = torch.arange({n})",
+        f"self.a{i} = [torch.randn({n}), torch.zeros(2)]",
+        f'self.a{i} = {{"x": torch.arange({n}), "y": torch.rand(2)}}',
+        f"self.a{i} = (torch.ones(2) * 3, torch.rand({n}))",
+    ]
+    return [ctx.pick(uses), f"self.v{i} = nn.Parameter(torch.rand({n}))"]
+
+
+def ambient(ctx: Context) -> List[str]:
+    """Default dtype and device changed during construction, grad mode (class 1)."""
+    i, d = ctx.fresh(), ctx.rng.randint(1, 6)
+    kind = ctx.pick(["dtype", "device", "default_device", "grad"])
+    if kind == "dtype":
+        dtype = ctx.pick(["torch.bfloat16", "torch.float64", "torch.float16"])
+        body = ctx.pick(
+            [
+                f"self.l{i} = nn.Linear({d}, {d})",
+                f'self.register_buffer("g{i}", torch.arange({d}) / 3)',
+                f'self.register_buffer("g{i}", torch.sqrt(torch.arange({d})) * 0.5)',
+                f"self.g{i} = nn.Parameter(torch.randn({d}, 2))",
+                f'self.register_buffer("g{i}", torch.full(({d},), 1.5) + torch.linspace(0, 1, {d}))',
+            ]
+        )
+        return [
+            f"old{i} = torch.get_default_dtype()",
+            f"torch.set_default_dtype({dtype})",
+            "try:",
+            f"    {body}",
+            "finally:",
+            f"    torch.set_default_dtype(old{i})",
+            f"self.f{i} = nn.Parameter(torch.randn({d}))",
+        ]
+    if kind == "device":
+        return ["with torch.device('cpu'):", f"    self.l{i} = nn.Linear({d}, {d})"]
+    if kind == "default_device":
+        return [
+            "torch.set_default_device('cpu')",
+            "try:",
+            f"    self.g{i} = nn.Parameter(torch.randn({d}, 2))",
+            "finally:",
+            "    torch.set_default_device(None)",
+        ]
+    return [
+        f"self.g{i} = nn.Parameter(torch.randn({d}))",
+        ctx.pick(["with torch.no_grad():", "with torch.enable_grad():"]),
+        f'    self.register_buffer("h{i}", self.g{i} * 2)',
+    ]
+
+
+def data_assign(ctx: Context) -> List[str]:
+    """`.data =` assignment, on fake and on real parameters (class 9)."""
+    i, (rows, cols) = ctx.fresh(), ctx.shape()
+    uses = [
+        [f"self.d{i} = nn.Parameter(torch.zeros({rows}, {cols}))", f"self.d{i}.data = torch.randn({rows}, {cols})"],
+        [f"self.l{i} = nn.Linear({cols}, {rows})", f"self.l{i}.weight.data = torch.ones_like(self.l{i}.weight) * 0.5"],
+        [f"self.d{i} = nn.Parameter(torch.tensor([1.0, 2.0]))", f"self.d{i}.data = torch.randn(2)"],
+        [f"self.d{i} = nn.Parameter(torch.randn({rows}))", f"self.d{i}.data = self.d{i}.data.to(torch.float64)"],
+    ]
+    return list(ctx.pick(uses))
+
+
+def tensor_of_0d(ctx: Context) -> List[str]:
+    """torch.tensor of 0-d tensors, as rotary scaling code builds it (class 2)."""
+    i, n = ctx.fresh(), ctx.rng.randint(1, 5)
+    uses = [
+        f'self.register_buffer("o{i}", torch.tensor([f / 2 for f in torch.rand({n})]))',
+        f'self.register_buffer("o{i}", torch.tensor(torch.randn(()).item() * 3))',
+        f'self.register_buffer("o{i}", torch.tensor([torch.randn(()), torch.zeros(())]))',
+    ]
+    return [ctx.pick(uses), f"self.x{i} = nn.Parameter(torch.randn({n}))"]
+
+
+def aliasing(ctx: Context) -> List[str]:
+    """Buffers that alias another child's parameter, copies taken before a rewrite (class 8)."""
+    i = ctx.fresh()
+    if not ctx.matrices or ctx.rng.random() < 0.5:
+        ctx.matrices.append(f"self.c{i}.weight")
+        lines = [f"self.c{i} = nn.Linear(3, 3)"]
+        base = f"self.c{i}.weight"
+    else:
+        lines, base = [], ctx.pick(ctx.matrices)
+    kind = ctx.pick(["issue", "view_buffer", "tie"])
+    if kind == "issue":
+        lines += [
+            f"t{i} = {base}.detach() * 2",
+            f"{base}.data.normal_()",
+            f'self.register_buffer("b{i}", {base}.detach())',
+            f"self.p{i} = nn.Parameter(t{i}.clone())",
+        ]
+    elif kind == "view_buffer":
+        lines += [f"self.v{i} = nn.Module()", f'self.v{i}.register_buffer("row", {base}[0])']
+    else:  # the same Parameter held by a second child: a tied weight
+        lines += [f"self.s{i} = nn.Module()", f"self.s{i}.w = {base}"]
+    return lines
+
+
+FAMILIES: Dict[str, Snippet] = {
+    "basics": basics,
+    "init": init,
+    "modules": modules,
+    "element_writes": element_writes,
+    "bool_mask": bool_mask,
+    "where_scalar": where_scalar,
+    "unused_random": unused_random,
+    "size_zero": size_zero,
+    "real_written": real_written,
+    "attributes": attributes,
+    "ambient": ambient,
+    "data_assign": data_assign,
+    "tensor_of_0d": tensor_of_0d,
+    "aliasing": aliasing,
+}
+
+
+@dataclass(frozen=True)
+class Program:
+    seed: int
+    families: Tuple[str, ...]  # the family of each snippet, in order
+    source: str
+
+    def build(self) -> type:
+        """Executes the source and returns the module class M it defines."""
+        namespace: Dict[str, object] = {}
+        exec(compile(self.source, f"<fuzz program {self.seed}>", "exec"), namespace)
+        return namespace["M"]  # type: ignore[return-value]
+
+
+def generate(seed: int, families: Sequence[str]) -> Program:
+    """The program of `seed`: 1 to 4 snippets, each from one of `families`."""
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown fuzz families {unknown}; known: {sorted(FAMILIES)}")
+    rng = random.Random(seed)
+    ctx = Context(rng)
+    chosen = tuple(ctx.pick(list(families)) for _ in range(rng.randint(1, 4)))
+    body: List[str] = []
+    for family in chosen:
+        body.append(f"# {family}")
+        body.extend(FAMILIES[family](ctx))
+    lines = [HEADER, "", "class M(nn.Module):", "    def __init__(self):", "        super().__init__()"]
+    lines += ["        " + line for line in body]
+    return Program(seed, chosen, "\n".join(lines) + "\n")
