@@ -14,9 +14,10 @@ materialize is on TORCHDEFER_LIMITS, a strict xfail: an entry that starts passin
 
 TORCHDEFER_HF_SWEEP=all runs the NOT_TINY architectures too, each at the smallest config it
 builds (every candidate, and one that also lowers the per-stage width and depth lists of vision
-and audio models), up to TORCHDEFER_HF_SWEEP_CAP_MIB (default 1024) of parameters and buffers;
-one that builds no config, or none under that cap, is skipped with the sizes it tried. It takes
-minutes (docs/model-coverage.md has the counts and the time).
+and audio models), up to TORCHDEFER_HF_SWEEP_CAP_MIB (default 256) of parameters and buffers;
+one that builds no config, or none under that cap, is skipped with the sizes it tried.
+TORCHDEFER_HF_SWEEP=not-tiny runs only those. It takes minutes (docs/model-coverage.md has the
+counts and the time).
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ transformers.logging.set_verbosity_error()
 
 CAP = 20 << 20  # bytes of parameters and buffers
 VERIFY_EXCLUSIONS = os.environ.get("TORCHDEFER_HF_SWEEP") == "verify"
-RUN_ALL = os.environ.get("TORCHDEFER_HF_SWEEP") == "all"
-ALL_CAP = int(os.environ.get("TORCHDEFER_HF_SWEEP_CAP_MIB", "1024")) << 20
+RUN_ALL = os.environ.get("TORCHDEFER_HF_SWEEP") in ("all", "not-tiny")
+ONLY_NOT_TINY = os.environ.get("TORCHDEFER_HF_SWEEP") == "not-tiny"
+ALL_CAP = int(os.environ.get("TORCHDEFER_HF_SWEEP_CAP_MIB", "256")) << 20
 
 SMALL = {
     **dict.fromkeys(["hidden_size", "d_model", "n_embd", "n_embed", "embed_dim"], 64),
@@ -415,6 +417,8 @@ def cases():
         causal = auto_name == "AutoModelForCausalLM"
         not_tiny = {k: NOT_TINY[k] for k in NOT_TINY_CAUSAL} if causal else NOT_TINY
         for model_type in sorted(names):
+            if ONLY_NOT_TINY and model_type not in not_tiny:
+                continue
             marks = []
             listed = model_type in not_tiny and not RUN_ALL  # all: the smallest build runs
             if listed and not VERIFY_EXCLUSIONS:
