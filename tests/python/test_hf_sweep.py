@@ -11,6 +11,13 @@ device, so nothing large is ever allocated) is the one tested. An architecture f
 fits is on NOT_TINY below with the reason and skipped with it (TORCHDEFER_HF_SWEEP=verify
 checks those instead: each must still raise NotTiny). An architecture that builds but does not
 materialize is on TORCHDEFER_LIMITS, a strict xfail: an entry that starts passing fails the test.
+
+TORCHDEFER_HF_SWEEP=all runs the NOT_TINY architectures too, each at the smallest config it
+builds (every candidate, and one that also lowers the per-stage width and depth lists of vision
+and audio models), up to TORCHDEFER_HF_SWEEP_CAP_MIB (default 256) of parameters and buffers;
+one that builds no config, or none under that cap, is skipped with the sizes it tried.
+TORCHDEFER_HF_SWEEP=not-tiny runs only those. It takes minutes (docs/model-coverage.md has the
+counts and the time).
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ transformers.logging.set_verbosity_error()
 
 CAP = 20 << 20  # bytes of parameters and buffers
 VERIFY_EXCLUSIONS = os.environ.get("TORCHDEFER_HF_SWEEP") == "verify"
+RUN_ALL = os.environ.get("TORCHDEFER_HF_SWEEP") in ("all", "not-tiny")
+ONLY_NOT_TINY = os.environ.get("TORCHDEFER_HF_SWEEP") == "not-tiny"
+ALL_CAP = int(os.environ.get("TORCHDEFER_HF_SWEEP_CAP_MIB", "256")) << 20
 
 SMALL = {
     **dict.fromkeys(["hidden_size", "d_model", "n_embd", "n_embed", "embed_dim"], 64),
@@ -53,6 +63,12 @@ SMALL = {
     "num_experts_per_tok": 2,
 }
 LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
+# Per-stage lists (vision backbones, audio codecs) that the deep candidate of
+# TORCHDEFER_HF_SWEEP=all lowers element by element: widths to 64, depths to 1.
+STAGE_WIDTHS = ("hidden_sizes", "embed_dims", "embed_dim", "dims", "channels", "hidden_dims",
+                "num_channels", "encoder_hidden_sizes", "neck_hidden_sizes",
+                "upsampling_rates", "downsampling_ratios", "upsampling_ratios")
+STAGE_DEPTHS = ("depths", "num_layers", "layers", "num_blocks", "block_repeats")
 
 # Candidates, in order: the sizes each one leaves at their defaults (None: the default config).
 CANDIDATES = [
@@ -68,14 +84,23 @@ class NotTiny(Exception):
     """No candidate config of this architecture builds within CAP."""
 
 
-def _lowered(config: Dict[str, Any], keep: Tuple[str, ...]) -> Dict[str, Any]:
-    """The keyword arguments that lower the sizes of one config dict (and its sub-configs)."""
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
+
+
+def _lowered(config: Dict[str, Any], keep: Tuple[str, ...], deep: bool = False) -> Dict[str, Any]:
+    """The keyword arguments that lower the sizes of one config dict (and its sub-configs);
+    ``deep`` also lowers the per-stage lists."""
     out: Dict[str, Any] = {}
     for key, value in config.items():
         if key in SMALL and key not in keep and type(value) is int and value > SMALL[key]:
             out[key] = SMALL[key]
+        elif deep and key in STAGE_WIDTHS and _int_list(value) and max(value) > 64:
+            out[key] = [min(v, 64) for v in value]
+        elif deep and key in STAGE_DEPTHS and _int_list(value) and max(value) > 1:
+            out[key] = [min(v, 1) for v in value]
         elif isinstance(value, dict) and "model_type" in value:
-            lowered = _lowered(value, keep)
+            lowered = _lowered(value, keep, deep)
             if lowered:
                 out[key] = {**value, **lowered}
     layers = next((k for k in LAYER_COUNTS if k in out and type(config[k]) is int), None)
@@ -120,14 +145,40 @@ def tiny_config(model_type: str, auto: Any) -> Any:
     raise NotTiny(f"{model_type}: " + " | ".join(attempts))
 
 
+def smallest_config(model_type: str, auto: Any) -> Any:
+    """The smallest config of ``model_type`` that ``auto`` builds (TORCHDEFER_HF_SWEEP=all):
+    every candidate, deep-lowered and not, is built on the meta device and measured. Skips the
+    architecture, with what was tried, when none builds or the smallest is over ALL_CAP."""
+    config_class = CONFIG_MAPPING[model_type]
+    attempts, built = [], []
+    for keep, deep in [((), True)] + [(keep, False) for keep in CANDIDATES]:
+        try:
+            if keep is None:
+                config = config_class()
+            else:
+                config = config_class(**_lowered(config_class().to_dict(), keep, deep))
+            with torch.device("meta"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                built.append((_state_bytes(auto.from_config(config)), len(built), config))
+        except Exception as e:  # an architecture's own validation: try the next candidate
+            first_line = (str(e).strip().splitlines() or [""])[0]
+            attempts.append(f"{type(e).__name__}: {first_line[:120]}")
+    if not built:
+        pytest.skip(f"not buildable: {model_type}: " + " | ".join(sorted(set(attempts))))
+    size, _, config = min(built, key=lambda entry: entry[:2])
+    if size > ALL_CAP:
+        pytest.skip(f"over the cap: {model_type}: smallest build {size >> 20} MiB")
+    return config
+
+
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
         a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
     )
 
 
-def check_bitwise(model_type: str, auto: Any) -> None:
-    config = tiny_config(model_type, auto)
+def check_bitwise(model_type: str, auto: Any, smallest: bool = False) -> None:
+    config = smallest_config(model_type, auto) if smallest else tiny_config(model_type, auto)
     torch.manual_seed(0)
     eager = auto.from_config(config)
     torch.manual_seed(0)
@@ -366,10 +417,13 @@ def cases():
         causal = auto_name == "AutoModelForCausalLM"
         not_tiny = {k: NOT_TINY[k] for k in NOT_TINY_CAUSAL} if causal else NOT_TINY
         for model_type in sorted(names):
+            if ONLY_NOT_TINY and model_type not in not_tiny:
+                continue
             marks = []
-            if model_type in not_tiny and not VERIFY_EXCLUSIONS:
+            listed = model_type in not_tiny and not RUN_ALL  # all: the smallest build runs
+            if listed and not VERIFY_EXCLUSIONS:
                 marks = [pytest.mark.skip(reason=f"not tiny: {not_tiny[model_type]}")]
-            elif model_type in not_tiny:
+            elif listed:
                 reason = not_tiny[model_type]
                 marks = [pytest.mark.xfail(raises=NotTiny, strict=True, reason=reason)]
             elif model_type in TORCHDEFER_LIMITS:
@@ -380,7 +434,9 @@ def cases():
 
 @pytest.mark.parametrize("auto_name,model_type", list(cases()))
 def test_architecture_materializes_to_eager_bitwise(auto_name, model_type):
-    check_bitwise(model_type, AUTOS[auto_name][0])
+    causal = auto_name == "AutoModelForCausalLM"
+    not_tiny = model_type in (NOT_TINY_CAUSAL if causal else NOT_TINY)
+    check_bitwise(model_type, AUTOS[auto_name][0], smallest=RUN_ALL and not_tiny)
 
 
 def test_the_lists_name_only_architectures_this_transformers_has():

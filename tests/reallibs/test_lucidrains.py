@@ -1,0 +1,54 @@
+"""lucidrains' model libraries: x-transformers (decoder, encoder, encoder-decoder stacks with
+their many options), rotary-embedding-torch and vector-quantize-pytorch."""
+
+import pytest
+import torch
+from harness import check_shards, check_torch_mode
+from rotary_embedding_torch import RotaryEmbedding
+from vector_quantize_pytorch import FSQ, LFQ, ResidualVQ, VectorQuantize
+from x_transformers import (ContinuousTransformerWrapper, Decoder, Encoder, TransformerWrapper,
+                            XTransformer)
+
+
+def _decoder(**attn):
+    return lambda: TransformerWrapper(num_tokens=256, max_seq_len=64,
+                                      attn_layers=Decoder(dim=64, depth=2, heads=4, **attn))
+
+
+CASES = {
+    "x-transformers/decoder-rotary": _decoder(rotary_pos_emb=True),
+    "x-transformers/decoder-alibi-glu": _decoder(alibi_pos_bias=True, ff_glu=True,
+                                                 attn_num_mem_kv=4),
+    "x-transformers/decoder-gqa-rmsnorm": _decoder(attn_kv_heads=2, use_rmsnorm=True,
+                                                   rotary_xpos=True),
+    "x-transformers/encoder-relpos": lambda: TransformerWrapper(
+        num_tokens=256, max_seq_len=64, num_memory_tokens=2,
+        attn_layers=Encoder(dim=64, depth=2, heads=4, rel_pos_bias=True)),
+    "x-transformers/continuous": lambda: ContinuousTransformerWrapper(
+        dim_in=16, dim_out=16, max_seq_len=64,
+        attn_layers=Encoder(dim=64, depth=2, heads=4, dynamic_pos_bias=True)),
+    "x-transformers/enc-dec": lambda: XTransformer(
+        dim=64, enc_num_tokens=256, enc_depth=2, enc_heads=4, enc_max_seq_len=64,
+        dec_num_tokens=256, dec_depth=2, dec_heads=4, dec_max_seq_len=64, tie_token_emb=True),
+    "rotary-embedding-torch/lang": lambda: RotaryEmbedding(dim=32),
+    "rotary-embedding-torch/xpos-learned": lambda: RotaryEmbedding(dim=32, use_xpos=True,
+                                                                   learned_freq=True),
+    "rotary-embedding-torch/pixel": lambda: RotaryEmbedding(dim=16, freqs_for="pixel",
+                                                            max_freq=64),
+    "vector-quantize-pytorch/vq": lambda: VectorQuantize(dim=64, codebook_size=128,
+                                                         codebook_dim=16),
+    "vector-quantize-pytorch/residual-vq": lambda: ResidualVQ(dim=64, codebook_size=64,
+                                                              num_quantizers=3),
+    "vector-quantize-pytorch/fsq": lambda: FSQ(levels=[8, 5, 5, 5], dim=64),
+    "vector-quantize-pytorch/lfq": lambda: LFQ(dim=16, codebook_size=2 ** 8),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_torch_mode_equals_eager(case):
+    check_torch_mode(CASES[case])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_shards_concatenate_to_the_full_counter_model(case):
+    check_shards(CASES[case])
