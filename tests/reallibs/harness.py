@@ -58,8 +58,10 @@ def attribute_tensors(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
 def _compare(kind: str, eager: Dict[str, torch.Tensor], other: Dict[str, torch.Tensor],
              problems: List[str]) -> None:
     if eager.keys() != other.keys():
-        problems.append(f"{kind} names differ: eager only {sorted(eager.keys() - other.keys())[:5]}, "
-                        f"deferred only {sorted(other.keys() - eager.keys())[:5]}")
+        eager_only = sorted(eager.keys() - other.keys())[:5]
+        deferred_only = sorted(other.keys() - eager.keys())[:5]
+        problems.append(f"{kind} names differ: eager only {eager_only}, "
+                        f"deferred only {deferred_only}")
     for key in eager.keys() & other.keys():
         value = other[key]
         if torchdefer.is_fake(value):
@@ -112,7 +114,8 @@ def _place_shards(full: torch.Tensor, locals_: List[torch.Tensor], name: str,
         if not bitwise_equal(full[index], local):
             problems.append(f"{name}: rank {rank} box {info['box']} differs from the full model")
         covered[index] += 1
-    if full.numel() and not bool((covered == 1).all()) and not bool((covered == len(locals_)).all()):
+    once, everywhere = bool((covered == 1).all()), bool((covered == len(locals_)).all())
+    if full.numel() and not once and not everywhere:
         problems.append(f"{name}: the ranks' boxes do not cover it exactly once")
 
 

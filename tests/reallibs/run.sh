@@ -44,7 +44,7 @@ then
   "$VENV/bin/pip" install -q -c "$constraints" --no-deps "$LITGPT"
 fi
 
-if [ ! -f build/python/torchdefer/__init__.py ] || ! ls build/python/torchdefer/_C*.so >/dev/null 2>&1; then
+if ! ls build/python/torchdefer/__init__.py build/python/torchdefer/_C*.so >/dev/null 2>&1; then
   log "building torchdefer into build/"
   [ -f build/build.ninja ] || cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
   cmake --build build -j "$(nproc)"
