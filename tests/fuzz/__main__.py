@@ -14,30 +14,22 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Iterable, Tuple
+from typing import Iterable
 
-from .check import CHECKS, Outcome, run_seed
+from .check import CHECKS, Outcome, init_worker, run_job
 from .programs import FAMILIES
-
-
-def _init_worker() -> None:
-    import torch
-
-    torch.set_num_threads(1)
-
-
-def _run(job: Tuple[int, Tuple[str, ...], Tuple[str, ...]]) -> Outcome:
-    return run_seed(*job)
 
 
 def _outcomes(seeds: Iterable[int], families, checks, workers: int) -> Iterable[Outcome]:
     jobs = ((seed, families, checks) for seed in seeds)
     if workers <= 1:
-        _init_worker()
-        yield from map(_run, jobs)
+        init_worker()
+        yield from map(run_job, jobs)
         return
-    with multiprocessing.get_context("spawn").Pool(workers, initializer=_init_worker) as pool:
-        yield from pool.imap(_run, jobs, chunksize=16)
+    # The workers' functions live in an importable module: a spawned process cannot find
+    # functions of a `python3 -m` __main__.
+    with multiprocessing.get_context("spawn").Pool(workers, initializer=init_worker) as pool:
+        yield from pool.imap(run_job, jobs, chunksize=16)
 
 
 def main(argv=None) -> int:

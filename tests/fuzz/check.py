@@ -256,3 +256,13 @@ def run_seed(seed: int, families: Tuple[str, ...], checks: Tuple[str, ...] = CHE
 
     return run_program(generate(seed, families), checks)
 
+
+
+def init_worker() -> None:
+    """One thread per fuzzing process: the long run parallelizes across processes."""
+    torch.set_num_threads(1)
+
+
+def run_job(job: Tuple[int, Tuple[str, ...], Tuple[str, ...]]) -> Outcome:
+    """run_seed on (seed, families, checks), for a process pool."""
+    return run_seed(*job)
