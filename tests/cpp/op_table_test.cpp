@@ -1,10 +1,12 @@
 // The op table against ATen: every entry names an operator this LibTorch has, and the meta rules
 // loading registered are Meta kernels only for ops torch had none for.
 #include <torchdefer/op_table.h>
+#include <torchdefer/torchdefer.h>
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <set>
 #include <string>
@@ -99,6 +101,31 @@ TEST(Registrations, MetaRulesAreRegisteredInACxxProcessOnlyForOpsWithoutAMetaKer
     EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::Meta)) << info.name;
   }
   EXPECT_LE(detail::registered_meta_rules(), with_rule);
+}
+
+TEST(TorchRngPlacement, BernoulliOfAnUnusedTensorLeavesTheGeneratorWhereEagerDoes) {
+  const auto build = [] {
+    torch::bernoulli(torch::rand({5}, torch::kDouble));  // two draws per element, then dropped
+    return torch::randn({20});
+  };
+  torch::manual_seed(0);
+  const at::Tensor eager = build();
+  const at::Tensor eager_next = torch::rand({3});
+  torch::manual_seed(0);
+  at::Tensor deferred = deferred_init(build);
+  const at::Tensor deferred_next = torch::rand({3});
+  materialize_tensor(deferred);
+  EXPECT_TRUE(torch::equal(deferred, eager));
+  EXPECT_TRUE(torch::equal(deferred_next, eager_next));
+}
+
+TEST(TorchRngPlacement, ARandomFillOfAnEmptyIntegerTensorDoesNothingAsInEager) {
+  for (const RngMode mode : {RngMode::kTorch, RngMode::kCounter}) {
+    at::Tensor t = deferred_init([] { return torch::empty({0, 3}, torch::kLong).normal_(); });
+    materialize_tensor(t, MaterializeOptions().rng(mode));
+    EXPECT_FALSE(is_fake(t));
+    EXPECT_EQ(t.sizes(), c10::IntArrayRef({0, 3}));
+  }
 }
 
 }  // namespace
