@@ -227,10 +227,11 @@ class Recorder {
     }
     RecordedNode node{op_, {}, {}, {}, std::nullopt};
     node.arguments.reserve(schema_.arguments().size());
+    const bool random = is_random(op_);
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
       node.arguments.push_back(map_tensors(stack_[i], [&](const at::Tensor& t) {
         node.inputs.push_back(classify(t));
-        if (is_random(op_)) {
+        if (random) {
           arguments_.push_back(t);
         }
         return at::Tensor();
