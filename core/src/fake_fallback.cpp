@@ -1,11 +1,14 @@
 // The boxed fallback registered for kFakeKey: runs every operator on fake tensors as the same
 // operator on their meta shadows, and wraps the results as fakes on the right device.
 #include <torchdefer/boxed_arguments.h>
+#include <torchdefer/core_kernels.h>
 #include <torchdefer/data_dependent_ops.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/fake_tensor_impl.h>
+#include <torchdefer/op_table.h>
 #include <torchdefer/torch_compat.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -13,8 +16,8 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
-#include <torch/library.h>
 
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -31,7 +34,7 @@ namespace {
 // reaches fake_fallback() after autograd and ADInplaceOrView ran above it (Note [Dispatch keys]).
 // The fallback never touches data. It
 //
-//  1. refuses data-dependent ops (item, nonzero, unique, ...; data_dependent_api()) with a message
+//  1. refuses data-dependent ops (item, nonzero, unique, ...; value_reading_api()) with a message
 //     naming the op and the tensor: their result depends on values a fake does not have (inside
 //     deferred_init the recorder answers them first: Note [Reading values while recording]);
 //  2. refuses writes of fake results into real tensors (`real.add_(fake)`): the real tensor would
@@ -103,12 +106,59 @@ class FakeCall {
       return;
     }
     reject_writes_into_real_tensors();
+    if (answer_empty_in_place_write()) {
+      return;
+    }
     const c10::Device device = output_device();
     run_on_meta();
     wrap_outputs(device);
   }
 
  private:
+  // Note [Random fills of empty fakes]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // ATen's CPU random kernels return early for a tensor with no elements, before checking its
+  // dtype: `torch.empty(0, dtype=torch.int64).normal_()` does nothing, while the meta kernel
+  // refuses an integer dtype. An in-place random op whose written tensor is empty is therefore
+  // asked of the real CPU kernel on empty tensors of the same geometry: whatever that says
+  // (nothing, or the error eager raises) is the answer, and the fake is returned as it is; the
+  // generator is left as it was, for the recorder to place. Only random fills: other in-place
+  // ops (resize_, set_) change the fake's geometry.
+  bool answer_empty_in_place_write() {
+    const auto& arguments = schema_.arguments();
+    if (!is_random(op_) || !writes_first_argument(schema_) || schema_.returns().size() != 1 ||
+        !argument(0).isTensor() || !is_fake(argument(0).toTensor()) ||
+        argument(0).toTensor().numel() != 0) {
+      return false;
+    }
+    {
+      RealOnlyGuard real_only;
+      c10::impl::ExcludeDispatchKeyGuard no_autograd(
+          c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+      torch::jit::Stack real_stack;
+      for (size_t i = 0; i < arguments.size(); ++i) {
+        real_stack.push_back(map_tensors(argument(i), [](const at::Tensor& t) {
+          return t.defined() && is_fake(t)
+                     ? at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU))
+                     : t;
+        }));
+      }
+      // Only the kernel's verdict counts: whatever it draws is the recorder's to place.
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      const at::Tensor state = [&] {
+        const std::lock_guard<std::mutex> lock(generator.mutex());
+        return generator.get_state();
+      }();
+      op_.callBoxed(&real_stack);
+      const std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(state);
+    }
+    const at::Tensor self = argument(0).toTensor();
+    torch::jit::drop(stack_, arguments.size());
+    torch::jit::push(stack_, self);
+    return true;
+  }
+
   c10::IValue& argument(size_t i) { return stack_[first_argument_ + i]; }
 
   void collect_tensors() {
@@ -144,8 +194,9 @@ class FakeCall {
   // A data-dependent op is answered when its result is known without data
   // (answer_without_values()), and refused otherwise; returns whether it was answered.
   bool answer_or_refuse_data_dependent_op() {
-    const char* api = data_dependent_api(schema_.name());
-    if (api == nullptr) {
+    const std::optional<std::string> api = value_reading_api(
+        op_, c10::ArrayRef<c10::IValue>(stack_).slice(first_argument_, schema_.arguments().size()));
+    if (!api) {
       return false;
     }
     std::vector<at::Tensor> tensors;
@@ -153,7 +204,7 @@ class FakeCall {
       tensors.push_back(use.tensor);
     }
     std::optional<c10::IValue> answer = answer_without_values(schema_.name(), tensors);
-    TORCH_CHECK(answer.has_value(), "torchdefer: ", api, " (", schema_.name(),
+    TORCH_CHECK(answer.has_value(), "torchdefer: ", *api, " (", schema_.name(),
                 ") needs the values of ", describe_inputs(),
                 ", but a fake tensor has no data. Materialize it first (materialize_tensor or "
                 "materialize_module); only the fakes of a deferred_init in progress can be read, "
@@ -311,19 +362,14 @@ class FakeCall {
   bool has_fake_ = false;
 };
 
+}  // namespace
+
+namespace detail {
+
 void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                    torch::jit::Stack* stack) {
   FakeCall(op, stack).run(keys);
 }
 
-// A namespace-scope Library rather than TORCH_LIBRARY_IMPL, so that the key comes from
-// torch_compat.h (Note [Dispatch keys]) instead of being spelled here.
-torch::Library& fake_fallback_registration() {
-  static torch::Library library(torch::Library::IMPL, "_", kFakeKey, __FILE__, __LINE__);
-  return library.fallback(torch::CppFunction::makeFromBoxedFunction<&fake_fallback>());
-}
-
-[[maybe_unused]] const torch::Library& kRegistered = fake_fallback_registration();
-
-}  // namespace
+}  // namespace detail
 }  // namespace torchdefer

@@ -1,5 +1,8 @@
 #include "meta_rules.h"
 
+#include <torchdefer/core_kernels.h>
+#include <torchdefer/op_table.h>
+
 #include <ATen/ExpandUtils.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -8,19 +11,12 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/result_type.h>
 #include <c10/util/Exception.h>
-#include <torch/library.h>
-
-#include <string_view>
-#include <vector>
 
 #include <utility>
+#include <vector>
 
 namespace torchdefer::detail {
 namespace {
-
-using Arguments = c10::ArrayRef<c10::IValue>;
-using Outputs = std::vector<c10::IValue>;
-using MetaRule = Outputs (*)(Arguments arguments);
 
 at::Tensor like(const at::Tensor& t) { return at::empty_like(t); }
 
@@ -34,6 +30,10 @@ c10::ScalarType stats_dtype(const at::Tensor& input) {
   const c10::ScalarType dtype = input.scalar_type();
   return dtype == at::kHalf || dtype == at::kBFloat16 ? at::kFloat : dtype;
 }
+
+}  // namespace
+
+namespace meta_rules {
 
 Outputs same_shape(Arguments args) { return {like(args[0].toTensor())}; }
 
@@ -70,6 +70,8 @@ Outputs index_select(Arguments args) {
   return {meta_empty(sizes, self, self.scalar_type())};
 }
 
+namespace {
+
 Outputs batch_norm_outputs(const at::Tensor& input, bool training, int extra_outputs) {
   const int64_t channels = input.dim() > 1 ? input.size(1) : 1;
   const int64_t stats = training ? channels : 0;
@@ -80,6 +82,8 @@ Outputs batch_norm_outputs(const at::Tensor& input, bool training, int extra_out
   }
   return outputs;
 }
+
+}  // namespace
 
 // native_batch_norm / _native_batch_norm_legit(input, weight, bias, running_mean, running_var,
 // training, momentum, eps)
@@ -113,10 +117,14 @@ Outputs adaptive_avg_pool2d(Arguments args) {
   return {meta_empty(sizes, self, self.scalar_type())};
 }
 
+namespace {
+
 // A per-dimension parameter given once for all spatial dimensions or once per dimension.
 int64_t per_dim(const std::vector<int64_t>& values, int64_t d) {
   return values.size() == 1 ? values[0] : values.at(static_cast<size_t>(d));
 }
+
+}  // namespace
 
 // convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 Outputs convolution(Arguments args) {
@@ -178,79 +186,18 @@ Outputs randperm(Arguments args) {
   return {at::empty({args[0].toInt()}, at::TensorOptions().dtype(dtype).device(at::kMeta))};
 }
 
-// Keyed by "name" or "name.overload".
-constexpr std::pair<std::string_view, MetaRule> kRules[] = {
-    {"aten::abs", abs},
-    {"aten::abs_", in_place},
-    {"aten::relu", same_shape},
-    {"aten::hardtanh", same_shape},
-    {"aten::hardswish", same_shape},
-    {"aten::_prelu_kernel", same_shape},
-    {"aten::rrelu_with_noise", same_shape},
-    {"aten::log_sigmoid_forward", with_empty_buffer},
-    {"aten::where.self", where_self},
-    {"aten::index_select", index_select},
-    {"aten::native_batch_norm", batch_norm},
-    {"aten::_native_batch_norm_legit", batch_norm},
-    {"aten::_native_batch_norm_legit.no_stats", batch_norm_no_stats},
-    {"aten::_batch_norm_with_update", batch_norm_with_update},
-    {"aten::native_dropout", native_dropout},
-    {"aten::_adaptive_avg_pool2d", adaptive_avg_pool2d},
-    {"aten::convolution", convolution},
-    {"aten::_convolution", convolution},
-    {"aten::_thnn_fused_lstm_cell", fused_lstm_cell},
-    {"aten::mkldnn_rnn_layer", mkldnn_rnn_layer},
-    {"aten::randperm", randperm},
-    {"aten::randperm.generator", randperm},
-};
-
-MetaRule find_rule(const c10::OperatorName& name) {
-  const std::string qualified =
-      name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-  for (const auto& [rule_name, rule] : kRules) {
-    if (rule_name == qualified) {
-      return rule;
-    }
-  }
-  return nullptr;
-}
+}  // namespace meta_rules
 
 void meta_rule_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const MetaRule rule = find_rule(op.operator_name());
-  TORCH_INTERNAL_ASSERT(rule != nullptr, "torchdefer: no meta rule for ", op.operator_name());
+  const OpInfo* info = find_op_info(op.operator_name());
+  TORCH_INTERNAL_ASSERT(info != nullptr && info->meta != nullptr, "torchdefer: no meta rule for ",
+                        op.operator_name());
   const size_t num_arguments = op.schema().arguments().size();
-  Outputs outputs = rule(torch::jit::last(*stack, num_arguments));
+  meta_rules::Outputs outputs = info->meta(torch::jit::last(*stack, num_arguments));
   torch::jit::drop(*stack, num_arguments);
   for (c10::IValue& output : outputs) {
     torch::jit::push(*stack, std::move(output));
   }
 }
-
-}  // namespace
-
-int register_meta_rules() {
-  static torch::Library library(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__,
-                                __LINE__);
-  int registered = 0;
-  for (const auto& [qualified, rule] : kRules) {
-    const size_t dot = qualified.find('.');
-    const c10::OperatorName name(
-        std::string(qualified.substr(0, dot)),
-        dot == std::string_view::npos ? std::string() : std::string(qualified.substr(dot + 1)));
-    const auto op = c10::Dispatcher::singleton().findOp(name);
-    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::Meta)) {
-      continue;
-    }
-    const std::string unqualified(qualified.substr(std::string_view("aten::").size()));
-    library.impl(unqualified.c_str(),
-                 torch::CppFunction::makeFromBoxedFunction<&meta_rule_kernel>());
-    ++registered;
-  }
-  return registered;
-}
-
-namespace {
-[[maybe_unused]] const int kRegisteredRules = register_meta_rules();
-}  // namespace
 
 }  // namespace torchdefer::detail

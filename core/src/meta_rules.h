@@ -1,8 +1,14 @@
 // Meta kernels for the ATen operators that have none in C++ (PyTorch registers theirs from
-// Python), so that fake tensors work in a C++-only process too.
+// Python), so that fake tensors work in a C++-only process too. The op table (op_table.cpp) says
+// which op gets which rule; registrations.cpp registers them.
 #pragma once
 
-namespace torchdefer::detail {
+#include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
+
+#include <vector>
+
+namespace torchdefer::detail::meta_rules {
 
 // Note [Meta rules]
 // ~~~~~~~~~~~~~~~~~
@@ -14,13 +20,27 @@ namespace torchdefer::detail {
 // from its meta arguments, the way the op's CPU kernel shapes them.
 //
 // Rules are registered as Meta kernels, because composite meta kernels call these ops internally
-// (embedding calls index_select on meta tensors, below any hook of ours). A rule is registered
-// only for an op that has no Meta kernel when torchdefer loads, so it never replaces PyTorch's
-// own kernel, and in a Python process (where torch registers its Python meta kernels before any
-// extension loads) it steps aside entirely. Loading torchdefer thus only makes meta tensors work
-// for more ops; it never changes a result.
-//
-// Returns how many rules were registered (the rest had a Meta kernel already).
-int register_meta_rules();
+// (embedding calls index_select on meta tensors, below any hook of ours). Which ops have a rule is
+// the op table's `meta` column; when a rule is registered (only where torch has no Meta kernel of
+// its own) is Note [What loading torchdefer changes].
 
-}  // namespace torchdefer::detail
+using Arguments = c10::ArrayRef<c10::IValue>;
+using Outputs = std::vector<c10::IValue>;
+
+Outputs same_shape(Arguments args);
+Outputs abs(Arguments args);  // a complex input gives a real output
+Outputs in_place(Arguments args);
+Outputs with_empty_buffer(Arguments args);  // log_sigmoid_forward's (output, buffer)
+Outputs where_self(Arguments args);
+Outputs index_select(Arguments args);
+Outputs batch_norm(Arguments args);
+Outputs batch_norm_no_stats(Arguments args);
+Outputs batch_norm_with_update(Arguments args);
+Outputs native_dropout(Arguments args);
+Outputs adaptive_avg_pool2d(Arguments args);
+Outputs convolution(Arguments args);
+Outputs fused_lstm_cell(Arguments args);
+Outputs mkldnn_rnn_layer(Arguments args);
+Outputs randperm(Arguments args);
+
+}  // namespace torchdefer::detail::meta_rules

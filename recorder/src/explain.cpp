@@ -1,6 +1,7 @@
 // explain(): the recorded history of a tensor's storage, as one readable line.
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/deferred_init.h>
+#include <torchdefer/node_stack.h>
 #include <torchdefer/op_graph.h>
 
 #include <c10/core/ScalarType.h>
@@ -77,15 +78,14 @@ std::string describe_node(const OpGraph& graph, const RecordedNode& node) {
   const c10::FunctionSchema& schema = node.op.schema();
   std::vector<std::string> texts(schema.arguments().size());
   std::vector<bool> shown(schema.arguments().size(), false);
-  size_t next_input = 0;
+  std::vector<std::vector<std::string>> tensors_of(schema.arguments().size());
+  for_each_input(node, [&](size_t argument, size_t, const RecordedInput& input) {
+    tensors_of[argument].push_back(describe_input(graph, input));
+  });
   size_t last_shown_positional = 0;
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     const c10::Argument& argument = schema.arguments()[i];
-    std::vector<std::string> tensors;
-    map_tensors(node.arguments[i], [&](const at::Tensor& t) {
-      tensors.push_back(describe_input(graph, node.inputs[next_input++]));
-      return t;
-    });
+    const std::vector<std::string>& tensors = tensors_of[i];
     const bool written_self = i == 0 && is_written(argument);
     if (written_self) {
       continue;

@@ -5,16 +5,17 @@
 #include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/op_graph.h>
+#include <torchdefer/op_table.h>
 #include <torchdefer/torch_compat.h>
 #include <torchdefer/value_reader.h>
 
+#include "recorder_kernels.h"
 #include "torch_rng.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <memory>
@@ -53,7 +54,7 @@ detail::ValueReader value_reader = nullptr;
 // `[x.item() for x in torch.linspace(0, rate, depth)]` in timm and in many transformers vision
 // models, and a constructor may branch on `torch::rand({1}).item<double>()`. Under deferred_init
 // those tensors are fakes and have no values, so the Fake layer would refuse such an op
-// (data_dependent_api()). Instead, when a data-dependent op's fake arguments are all fakes of the
+// (value_reading_api()). Instead, when a data-dependent op's fake arguments are all fakes of the
 // recording in progress on this thread, the recorder asks the value reader for a real, private
 // copy of each, runs the op on the copies with both of torchdefer's keys excluded, and returns the
 // real result: a Scalar for item(), a real tensor for nonzero() (which later recorded ops capture
@@ -138,7 +139,7 @@ class Recorder {
       return;
     }
     if (graph_ == nullptr || (!has_fake_ && has_tensor_)) {
-      if (detail::is_random(op_)) {
+      if (is_random(op_)) {
         // An unrecorded op is about to draw: the generator must be where eager would have it.
         detail::settle_generator();
       }
@@ -151,6 +152,10 @@ class Recorder {
   }
 
  private:
+  c10::ArrayRef<c10::IValue> arguments() const {
+    return c10::ArrayRef<c10::IValue>(stack_).slice(first_argument_, schema_.arguments().size());
+  }
+
   void scan_arguments() {
     graph_ = tls_graph;
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
@@ -177,7 +182,7 @@ class Recorder {
 
   // Note [Reading values while recording]: a data-dependent op on fakes of this recording only.
   bool reads_values_of_recording() const {
-    if (tls_graph == nullptr || !has_fake_ || data_dependent_api(schema_.name()) == nullptr) {
+    if (tls_graph == nullptr || !has_fake_ || !value_reading_api(op_, arguments())) {
       return false;
     }
     std::vector<at::Tensor> fakes;
@@ -271,9 +276,10 @@ class Recorder {
         });
       }
     } catch (c10::Error& e) {
-      const char* api = data_dependent_api(schema_.name());
       e.add_context(c10::str("torchdefer: while reading values for ",
-                             api != nullptr ? api : "a write into a real tensor", " (",
+                             value_reading_api(op_, arguments())
+                                 .value_or(std::string("a write into a real tensor")),
+                             " (",
                              schema_.name(), ") in deferred_init of ", tls_graph->context()));
       throw;
     }
@@ -334,9 +340,13 @@ class Recorder {
     }
     RecordedNode node{op_, {}, {}, {}, std::nullopt, AmbientState::current()};
     node.arguments.reserve(schema_.arguments().size());
+    const bool random = is_random(op_);
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
       node.arguments.push_back(map_tensors(stack_[i], [&](const at::Tensor& t) {
         node.inputs.push_back(classify(t));
+        if (random) {
+          arguments_.push_back(t);
+        }
         return at::Tensor();
       }));
     }
@@ -376,7 +386,7 @@ class Recorder {
     if (!produces_fakes && written_.empty()) {
       return;
     }
-    const std::lock_guard<std::mutex> lock(graph_->mutex());
+    std::unique_lock<std::mutex> lock(graph_->mutex());
     const int64_t index = graph_->add_node(std::move(node));
     std::vector<int64_t> outputs;
     outputs.reserve(fake_outputs.size());
@@ -396,11 +406,18 @@ class Recorder {
     }
     remember_real_reads(index);
     graph_->set_outputs(index, std::move(outputs));
-    if (detail::is_random(op_)) {
-      const at::Tensor& target = written_.empty() ? first_fake(fake_outputs) : written_.front();
-      graph_->set_draws(index, detail::place_random_node(graph_, graph_->nodes()[index], target,
-                                                         tls_graph != nullptr));
+    if (!is_random(op_)) {
+      return;
     }
+    // Placing may read values or run the op (Note [Torch-mode draw offsets]), which takes the
+    // graph's lock itself.
+    const RecordedNode recorded_node = graph_->nodes()[index];
+    lock.unlock();
+    const at::Tensor& target = written_.empty() ? first_fake(fake_outputs) : written_.front();
+    RecordedDraws draws =
+        detail::place_random_node(graph_, recorded_node, target, arguments_, tls_graph != nullptr);
+    lock.lock();
+    graph_->set_draws(index, std::move(draws));
   }
 
   // Note [Real tensors written while recording]: which real tensors the recording in progress
@@ -430,23 +447,10 @@ class Recorder {
   std::shared_ptr<OpGraph> graph_;
   std::vector<at::Tensor> written_;
   std::vector<at::Tensor> written_real_;
+  std::vector<at::Tensor> arguments_;  // a random op's tensor arguments, in input order
   bool has_fake_ = false;
   bool has_tensor_ = false;
 };
-
-void deferred_init_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
-                            torch::jit::Stack* stack) {
-  Recorder(op, stack).run(keys);
-}
-
-// A namespace-scope Library rather than TORCH_LIBRARY_IMPL, so that the key comes from
-// torch_compat.h (Note [Dispatch keys]).
-torch::Library& deferred_init_registration() {
-  static torch::Library library(torch::Library::IMPL, "_", kDeferredInitKey, __FILE__, __LINE__);
-  return library.fallback(torch::CppFunction::makeFromBoxedFunction<&deferred_init_fallback>());
-}
-
-[[maybe_unused]] const torch::Library& kRegistered = deferred_init_registration();
 
 }  // namespace
 
@@ -467,6 +471,11 @@ at::Tensor read_values(const at::Tensor& t) {
 }
 
 namespace detail {
+
+void deferred_init_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                            torch::jit::Stack* stack) {
+  Recorder(op, stack).run(keys);
+}
 
 void set_value_reader(ValueReader reader) {
   TORCH_INTERNAL_ASSERT(value_reader == nullptr, "torchdefer: the value reader is set twice");

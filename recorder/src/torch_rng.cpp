@@ -1,13 +1,15 @@
 #include "torch_rng.h"
 
 #include <torchdefer/boxed_arguments.h>
+#include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/mt19937_jump.h>
+#include <torchdefer/node_stack.h>
+#include <torchdefer/op_table.h>
 #include <torchdefer/torch_compat.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/enum_tag.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/GradMode.h>
 
@@ -65,10 +67,13 @@ bool generator_moved() {
 }
 
 int64_t anchor_here(OpGraph& graph) {
-  return with_default_generator([&](at::Generator& generator, at::CPUGeneratorImpl* impl) {
-    chain.expected = impl->engine().data();
-    return graph.add_rng_anchor(generator.get_state());
-  });
+  at::Tensor state =
+      with_default_generator([&](at::Generator& generator, at::CPUGeneratorImpl* impl) {
+        chain.expected = impl->engine().data();
+        return generator.get_state();
+      });
+  const std::lock_guard<std::mutex> lock(graph.mutex());
+  return graph.add_rng_anchor(std::move(state));
 }
 
 uint64_t per_element(bool two_words) { return two_words ? 2 : 1; }
@@ -96,119 +101,141 @@ uint64_t random_words(std::optional<int64_t> from, std::optional<int64_t> to,
 }
 
 DrawPlan known(uint64_t draws) { return {DrawPlan::Kind::kKnown, draws, {}}; }
-DrawPlan on_scratch() { return {DrawPlan::Kind::kRunOnScratch, 0, {}}; }
+DrawPlan on_scratch(bool with_values = false) {
+  return {
+      with_values ? DrawPlan::Kind::kRunOnScratchWithValues : DrawPlan::Kind::kRunOnScratch, 0, {}};
+}
+
+// The dtype of the tensor argument named `name` of `node`, if it has a defined one.
+std::optional<c10::ScalarType> tensor_argument_dtype(const OpGraph& graph, const RecordedNode& node,
+                                                     std::string_view name) {
+  std::optional<c10::ScalarType> dtype;
+  for_each_input(node, [&](size_t argument, size_t, const RecordedInput& input) {
+    if (node.op.schema().arguments()[argument].name() != name) {
+      return;
+    }
+    if (input.kind == RecordedInput::Kind::kValue) {
+      dtype = graph.values()[input.value].dtype;
+    } else if (input.tensor.defined()) {
+      dtype = input.tensor.scalar_type();
+    }
+  });
+  return dtype;
+}
 
 }  // namespace
 
-bool is_random(const c10::OperatorHandle& op) {
-  return op.hasTag(at::Tag::nondeterministic_seeded);
-}
-
-DrawPlan plan_draws(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& arguments,
-                    const at::Tensor& target) {
+DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Tensor& target) {
+  const c10::FunctionSchema& schema = node.op.schema();
+  const std::vector<c10::IValue>& arguments = node.arguments;
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     if (schema.arguments()[i].name() == "generator" && !arguments[i].isNone()) {
       return {DrawPlan::Kind::kUnplaceable, 0,
-              "it draws from an explicit generator; torch RNG mode replays the default one"};
+              "it draws from an explicit generator, and torch RNG mode replays the default one; "
+              "counter RNG mode (rng=\"counter\", RngMode::kCounter) materializes it"};
     }
   }
-  const std::string& name = schema.name();
+  const OpInfo* info = find_op_info(schema.operator_name());
   const uint64_t n = static_cast<uint64_t>(target.numel());
   const c10::ScalarType dtype = target.scalar_type();
-  if (name == "aten::uniform_" || name == "aten::rand" || name == "aten::rand_like") {
-    return known(n * per_element(dtype == at::kDouble));
-  }
-  if (name == "aten::normal_" || name == "aten::normal" || name == "aten::randn" ||
-      name == "aten::randn_like") {
-    if (n >= 16 && target.is_contiguous()) {
-      return known(normal_fill_draws(n, dtype));
+  switch (info != nullptr && info->draws ? *info->draws : DrawRule::kOnScratch) {
+    case DrawRule::kOnScratch:
+      return on_scratch();
+    case DrawRule::kOnScratchWithValues:
+      return on_scratch(/*with_values=*/true);
+    case DrawRule::kUniform:
+      return known(n * per_element(dtype == at::kDouble));
+    case DrawRule::kNormal:
+      if (n >= 16 && target.is_contiguous()) {
+        return known(normal_fill_draws(n, dtype));
+      }
+      return on_scratch();
+    case DrawRule::kRandom: {
+      const bool random = schema.name() == "aten::random_";
+      const auto high = int_argument(schema, arguments, random ? "to" : "high");
+      if (!random && !high) {
+        return on_scratch(/*with_values=*/true);  // its bounds are tensors
+      }
+      const auto low = int_argument(schema, arguments, random ? "from" : "low");
+      return known(n * random_words(low, high, dtype));
     }
-    return on_scratch();
-  }
-  if (name == "aten::random_") {
-    const auto from = int_argument(schema, arguments, "from");
-    const auto to = int_argument(schema, arguments, "to");
-    return known(n * random_words(from, to, dtype));
-  }
-  if (name == "aten::randint" || name == "aten::randint_like") {
-    const auto high = int_argument(schema, arguments, "high");
-    if (!high) {
-      return {DrawPlan::Kind::kUnplaceable, 0, "its bounds are tensors"};
+    case DrawRule::kTwoPerElement:
+      return known(2 * n);
+    case DrawRule::kBernoulliTensor: {
+      // The probabilities are `p`, or `self` for bernoulli(self).
+      const std::optional<c10::ScalarType> p = tensor_argument_dtype(graph, node, "p");
+      const c10::ScalarType probabilities =
+          p.value_or(tensor_argument_dtype(graph, node, "self").value_or(dtype));
+      return known(n * per_element(probabilities == at::kDouble));
     }
-    return known(n * random_words(int_argument(schema, arguments, "low"), high, dtype));
-  }
-  if (name == "aten::cauchy_" || name == "aten::geometric_") {
-    return known(2 * n);
   }
   return on_scratch();
 }
 
 namespace {
 
-// Runs `node` for real on CPU tensors shaped like its fakes, drawing from the default generator
-// exactly as eager would have. Returns why it cannot, if it cannot.
-std::optional<std::string> run_on_scratch(const RecordedNode& node, const at::Tensor& target) {
-  const c10::FunctionSchema& schema = node.op.schema();
-  const bool writes_self = writes_first_argument(schema);
+// A CPU tensor shaped like fake `t`: filled with ones (valid probabilities, rates and standard
+// deviations), or with its values when the op's draws depend on them.
+at::Tensor scratch_like(const at::Tensor& t, bool with_values) {
+  if (with_values) {
+    return read_values(t);
+  }
+  RealOnlyGuard real_only;
+  return at::empty_strided(t.sizes(), t.strides(), at::TensorOptions().dtype(t.scalar_type()))
+      .fill_(1);
+}
+
+// Runs `node` for real on CPU scratch tensors standing in for its fakes (`tensors` are the
+// tensors it was called with, in input order), drawing from the default generator exactly as
+// eager would have.
+void run_on_scratch(const RecordedNode& node, const std::vector<at::Tensor>& tensors,
+                    bool with_values) {
+  std::vector<at::Tensor> scratch(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    scratch[i] = tensors[i].defined() && is_fake(tensors[i]) ? scratch_like(tensors[i], with_values)
+                                                             : tensors[i];
+  }
   RealOnlyGuard real_only;
   c10::AutoGradMode no_grad(false);
-  torch::jit::Stack stack;
-  size_t next_input = 0;
-  std::optional<std::string> problem;
-  for (size_t i = 0; i < node.arguments.size(); ++i) {
-    const c10::Argument& argument = schema.arguments()[i];
-    if (argument.name() == "device" && node.arguments[i].isDevice()) {
-      stack.emplace_back(c10::Device(c10::kCPU));
-      continue;
-    }
-    stack.push_back(map_tensors(node.arguments[i], [&](const at::Tensor&) {
-      const RecordedInput& input = node.inputs[next_input++];
-      switch (input.kind) {
-        case RecordedInput::Kind::kUndefined:
-          return at::Tensor();
-        case RecordedInput::Kind::kReal:
-        case RecordedInput::Kind::kConstant:
-          return input.tensor;
-        case RecordedInput::Kind::kValue:
-          if (writes_self && i == 0) {
-            return at::empty_strided(target.sizes(), target.strides(),
-                                     at::TensorOptions().dtype(target.scalar_type()));
-          }
-          [[fallthrough]];
-        case RecordedInput::Kind::kForeignFake:
-          problem = "how many numbers it draws depends on the values of its fake argument '" +
-                    argument.name() + "'";
-          return at::Tensor();
-      }
-      return at::Tensor();
-    }));
-  }
-  if (problem) {
-    return problem;
-  }
+  torch::jit::Stack stack = node_stack(
+      node, [&](size_t position, const RecordedInput&) { return scratch[position]; },
+      c10::Device(c10::kCPU));
   node.op.callBoxed(&stack);
-  return std::nullopt;
 }
 
 }  // namespace
 
 RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
-                                const at::Tensor& target, bool in_recording_scope) {
-  const DrawPlan plan = plan_draws(node.op.schema(), node.arguments, target);
+                                const at::Tensor& target, const std::vector<at::Tensor>& tensors,
+                                bool in_recording_scope) {
+  const DrawPlan plan = plan_draws(*graph, node, target);
   RecordedDraws draws;
   if (plan.kind == DrawPlan::Kind::kUnplaceable) {
     draws.kind = RecordedDraws::Kind::kUnplaceable;
     draws.reason = plan.reason;
     return draws;
   }
-  if (plan.kind == DrawPlan::Kind::kRunOnScratch) {
+  if (plan.kind == DrawPlan::Kind::kRunOnScratch ||
+      plan.kind == DrawPlan::Kind::kRunOnScratchWithValues) {
     settle_generator();
     draws.kind = RecordedDraws::Kind::kAnchorOnly;
     draws.anchor = anchor_here(*graph);
-    if (std::optional<std::string> problem = run_on_scratch(node, target)) {
-      draws = RecordedDraws{RecordedDraws::Kind::kUnplaceable, -1, 0, 0, *problem};
-    }
     chain = Chain{};
+    const bool with_values = plan.kind == DrawPlan::Kind::kRunOnScratchWithValues;
+    try {
+      run_on_scratch(node, tensors, with_values);
+    } catch (c10::Error& e) {
+      e.add_context(c10::str(
+          "torchdefer: ", node.op.schema().operator_name(), " in deferred_init of ",
+          graph->context(),
+          " was run at record time to keep the default generator where eager "
+          "construction leaves it",
+          with_values ? ", which needs the values of its fake arguments: compute it while "
+                        "deferred_init runs, from fakes of that recording or real tensors, or "
+                        "after materializing its inputs"
+                      : ""));
+      throw;
+    }
     return draws;
   }
   if (chain.graph != graph || chain.anchor < 0 || generator_moved()) {

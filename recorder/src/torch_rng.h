@@ -18,14 +18,22 @@ namespace torchdefer::detail {
 // order. To replay any subset of a recording in any order bit-exactly, each random node records
 // where its draws start: `offset` 32-bit draws after an *anchor*, a full generator state saved
 // in the graph. How many draws an op takes is a property of PyTorch's CPU kernels, per op and
-// dtype: uniform_ takes one per element (two for float64), normal_ on a contiguous tensor of 16
-// or more elements takes one per element plus a block of 16 when the size is not a multiple of
-// 16 (two per element for float64), random_ one or two by range, bernoulli_ with a tensor of
-// probabilities one or two by its dtype (plan_draws() has the table; tests compare it with eager
-// for every entry). Kernels whose draws depend on more than the tensor's shape (normal_ below 16
-// elements or non-contiguous, which caches a Box–Muller sample in the generator; log_normal_;
-// scalar-p bernoulli_ and exponential_, which seed MKL on some CPUs) are run for real on a scratch
-// tensor of the same geometry at record time, and their node is anchored at the state before.
+// dtype; the op table's DrawRule column (core/src/op_table.cpp) says which rule each op follows:
+// uniform_ takes one per element (two for float64), normal_ on a contiguous tensor of 16 or more
+// elements takes one per element plus a block of 16 when the size is not a multiple of 16 (two
+// per element for float64), random_ one or two by range, bernoulli with a tensor of probabilities
+// one per element, two when the probabilities are float64 (tests compare each rule with eager).
+// Kernels whose draws depend on more than the tensor's shape (normal_ below 16 elements or
+// non-contiguous, which caches a Box–Muller sample in the generator; log_normal_; scalar-p
+// bernoulli_ and exponential_, which seed MKL on some CPUs; multinomial and the dropouts, built
+// on those) and every random op the table does not list are run for real at record time, on
+// scratch CPU tensors of the same geometry filled with ones, and their node is anchored at the
+// state before. Ops whose draw counts depend on their inputs' values (poisson's and the gamma
+// samplers' rejection loops, randint with tensor bounds) run on scratch copies of those values,
+// read as Note [Reading values while recording] reads them; where values cannot be read (a fake
+// of another recording, or after deferred_init returned) recording refuses the op, since the
+// generator could not be left where eager leaves it. Every random op recorded on the default
+// generator thus moves it exactly as eager does, whether or not its output is ever used.
 //
 // The generator itself is advanced lazily: draws accumulate and are applied with one jump
 // (Note [MT19937 jump-ahead]) when the recording scope ends, before any unrecorded random op, and
@@ -33,25 +41,22 @@ namespace torchdefer::detail {
 // touches the generator between two recorded random ops (torch::manual_seed in a constructor) is
 // noticed by comparing its state with the one the recorder left, and the chain starts a new anchor.
 struct DrawPlan {
-  enum class Kind { kKnown, kRunOnScratch, kUnplaceable };
+  enum class Kind { kKnown, kRunOnScratch, kRunOnScratchWithValues, kUnplaceable };
   Kind kind = Kind::kUnplaceable;
   uint64_t draws = 0;
   std::string reason;
 };
 
-// How `op` with these recorded arguments draws; `target` is the tensor it fills (its written
-// argument, or its output for factories).
-DrawPlan plan_draws(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& arguments,
-                    const at::Tensor& target);
+// How `node` of `graph` draws (its op table DrawRule applied to this call); `target` is the tensor
+// it fills (its written argument, or its output for factories).
+DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Tensor& target);
 
-// True if `op` draws random numbers (ATen tags those `nondeterministic_seeded`; some overloads,
-// like randn(size), take no Generator argument).
-bool is_random(const c10::OperatorHandle& op);
-
-// Places `node` of `graph` (already run on fakes) on the current thread's generator chain and
-// advances the chain by its draws; runs it on scratch first when the plan says so.
+// Places `node` of `graph` (already run on fakes; `tensors` are the tensors it was called with,
+// in input order) on the current thread's generator chain and advances the chain by its draws;
+// runs it on scratch first when the plan says so. Call without holding the graph's lock.
 RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
-                                const at::Tensor& target, bool in_recording_scope);
+                                const at::Tensor& target, const std::vector<at::Tensor>& tensors,
+                                bool in_recording_scope);
 
 // A 64-bit digest (FNV-1a) of the default CPU generator's full state: the counter RNG seed of a
 // recording, so that re-seeding and recording the same program gives the same recording.

@@ -131,7 +131,7 @@ at::Tensor own(at::Tensor local, const Box& box, const MaterializeOptions& optio
   }
   const Shard& shard = *options.shard();
   const int64_t size = entry.tensor.size(shard.dim);
-  const int64_t chunk = (size + shard.world_size - 1) / shard.world_size;
+  const int64_t chunk = shard.chunk_size(size);
   if (local.size(shard.dim) == chunk) {
     return local;
   }

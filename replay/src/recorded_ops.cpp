@@ -1,5 +1,7 @@
 #include "recorded_ops.h"
 
+#include <torchdefer/op_table.h>
+
 #include <cmath>
 #include <string>
 
@@ -19,59 +21,63 @@ std::optional<double> double_argument(const RecordedNode& node, std::string_view
 
 namespace {
 
-// The counter distribution of a random op, if it has one (Note [Counter RNG]).
-std::optional<CounterDistributionParams> counter_params(const RecordedNode& node) {
-  const std::string& name = node.op.schema().name();
-  const std::string& overload = node.op.schema().overload_name();
-  auto arg = [&](std::string_view n, double fallback) {
-    return double_argument(node, n).value_or(fallback);
-  };
+double parameter(const RecordedNode& node, const CounterParameter& p) {
+  return p.argument.empty() ? p.fallback : double_argument(node, p.argument).value_or(p.fallback);
+}
+
+std::optional<CounterDistribution> distribution_of(CounterSampler sampler) {
   using D = CounterDistribution;
-  if (name == "aten::uniform_") {
-    return CounterDistributionParams{D::kUniform, arg("from", 0), arg("to", 1)};
-  }
-  if (name == "aten::rand" || name == "aten::rand_like") {
-    return CounterDistributionParams{D::kUniform, 0, 1};
-  }
-  if (name == "aten::normal_") {
-    return CounterDistributionParams{D::kNormal, arg("mean", 0), arg("std", 1)};
-  }
-  if (name == "aten::randn" || name == "aten::randn_like") {
-    return CounterDistributionParams{D::kNormal, 0, 1};
-  }
-  if (name == "aten::bernoulli_" && overload == "float") {
-    return CounterDistributionParams{D::kBernoulli, arg("p", 0.5)};
-  }
-  if (name == "aten::exponential_") {
-    return CounterDistributionParams{D::kExponential, arg("lambd", 1)};
-  }
-  if (name == "aten::log_normal_") {
-    return CounterDistributionParams{D::kLogNormal, arg("mean", 1), arg("std", 2)};
-  }
-  if (name == "aten::cauchy_") {
-    return CounterDistributionParams{D::kCauchy, arg("median", 0), arg("sigma", 1)};
-  }
-  if (name == "aten::geometric_") {
-    return CounterDistributionParams{D::kGeometric, arg("p", 0.5)};
-  }
-  const bool random = name == "aten::random_";
-  const bool randint = name == "aten::randint" || name == "aten::randint_like";
-  if (random || randint) {
-    // Read as ints: bounds beyond 2^53 do not survive a trip through double.
-    const auto& schema = node.op.schema();
-    const auto low = int_argument(schema, node.arguments, random ? "from" : "low");
-    const auto high = int_argument(schema, node.arguments, random ? "to" : "high");
-    if (random && low && !high) {
-      return std::nullopt;  // [from, 2^63): not a counter distribution
-    }
-    CounterDistributionParams params{D::kRandom};
-    if (high) {
-      params.from = low.value_or(0);
-      params.range = static_cast<uint64_t>(*high - params.from);
-    }
-    return params;
+  switch (sampler) {
+    case CounterSampler::kUniform:
+      return D::kUniform;
+    case CounterSampler::kNormal:
+      return D::kNormal;
+    case CounterSampler::kBernoulli:
+      return D::kBernoulli;
+    case CounterSampler::kExponential:
+      return D::kExponential;
+    case CounterSampler::kLogNormal:
+      return D::kLogNormal;
+    case CounterSampler::kCauchy:
+      return D::kCauchy;
+    case CounterSampler::kGeometric:
+      return D::kGeometric;
+    case CounterSampler::kRandom:
+    case CounterSampler::kRandint:
+      return D::kRandom;
+    case CounterSampler::kNone:
+    case CounterSampler::kTruncatedNormal:
+      return std::nullopt;
   }
   return std::nullopt;
+}
+
+// The counter distribution of a random op, if it has one (Note [Counter RNG]).
+std::optional<CounterDistributionParams> counter_params(const RecordedNode& node) {
+  const OpInfo* info = find_op_info(node.op.schema().operator_name());
+  const std::optional<CounterDistribution> distribution =
+      info != nullptr ? distribution_of(info->sampler) : std::nullopt;
+  if (!distribution) {
+    return std::nullopt;
+  }
+  if (*distribution != CounterDistribution::kRandom) {
+    return CounterDistributionParams{*distribution, parameter(node, info->first),
+                                     parameter(node, info->second)};
+  }
+  // Bounds are read as ints: beyond 2^53 they do not survive a trip through double.
+  const bool random = info->sampler == CounterSampler::kRandom;
+  const auto& schema = node.op.schema();
+  const auto low = int_argument(schema, node.arguments, random ? "from" : "low");
+  const auto high = int_argument(schema, node.arguments, random ? "to" : "high");
+  if (random && low && !high) {
+    return std::nullopt;  // [from, 2^63): not a counter distribution
+  }
+  CounterDistributionParams params{CounterDistribution::kRandom};
+  if (high) {
+    params.from = low.value_or(0);
+    params.range = static_cast<uint64_t>(*high - params.from);
+  }
+  return params;
 }
 
 struct TruncatedNormalParams {
@@ -82,7 +88,8 @@ struct TruncatedNormalParams {
 };
 
 std::optional<TruncatedNormalParams> truncated_normal_params(const RecordedNode& node) {
-  if (node.op.schema().name() != "torchdefer::trunc_normal_") {
+  const OpInfo* info = find_op_info(node.op.schema().operator_name());
+  if (info == nullptr || info->sampler != CounterSampler::kTruncatedNormal) {
     return std::nullopt;
   }
   const auto mean = double_argument(node, "mean");
@@ -116,6 +123,9 @@ bool has_counter_definition(const RecordedNode& node) {
 
 bool counter_fill_node(const RecordedNode& node, const at::Tensor& out, uint64_t seed,
                        const CounterRegion& region) {
+  if (out.numel() == 0 && has_counter_definition(node)) {
+    return true;  // nothing to fill, whatever the dtype (as eager's kernels return early)
+  }
   const uint64_t stream = node.draws->stream;
   if (const auto truncated = truncated_normal_params(node)) {
     counter_fill_truncated_normal(out, *truncated, seed, stream, region);

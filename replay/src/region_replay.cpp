@@ -5,6 +5,8 @@
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/counter_rng.h>
 #include <torchdefer/fake_tensor.h>
+#include <torchdefer/node_stack.h>
+#include <torchdefer/op_table.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/enum_tag.h>
@@ -179,14 +181,17 @@ Box to_base(const BoxView& view, const Box& view_box, size_t base_rank) {
   return box;
 }
 
-bool is_factory(std::string_view name) {
-  static constexpr std::string_view kFactories[] = {
-      "aten::zeros",         "aten::ones",       "aten::full",      "aten::empty",
-      "aten::empty_strided", "aten::zeros_like", "aten::ones_like", "aten::full_like",
-      "aten::empty_like",    "aten::new_zeros",  "aten::new_ones",  "aten::new_full",
-      "aten::new_empty"};
-  return std::find(std::begin(kFactories), std::end(kFactories), name) != std::end(kFactories);
+// The op table's region rule for `node` (in-place and functional forms share one).
+RegionRule region_rule(const RecordedNode& node) {
+  std::string_view name = node.op.schema().name();
+  if (!name.empty() && name.back() == '_') {
+    name.remove_suffix(1);
+  }
+  const OpInfo* info = find_op_info(name);
+  return info != nullptr ? info->region : RegionRule::kFallsBack;
 }
+
+bool is_factory(const RecordedNode& node) { return region_rule(node) == RegionRule::kFactory; }
 
 // Note [Region rules for cat and stack]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -203,10 +208,8 @@ bool is_factory(std::string_view name) {
 // their concatenation, twice the slice. Splitting (split, chunk, unbind, split_with_sizes) needs
 // no rule: its outputs are views of its input, which box views already map.
 bool joins_inputs(const RecordedNode& node) {
-  const c10::FunctionSchema& schema = node.op.schema();
-  return schema.overload_name().empty() &&
-         (schema.name() == "aten::cat" || schema.name() == "aten::concat" ||
-          schema.name() == "aten::concatenate" || schema.name() == "aten::stack");
+  return node.op.schema().overload_name().empty() &&
+         region_rule(node) == RegionRule::kJoinsInputs;
 }
 
 // The fill value of a full, full_like or new_full call as recorded: an integer beyond double
@@ -231,32 +234,22 @@ c10::Scalar fill_value(const RecordedNode& node) {
 // full tensor. Only ops whose results are exactly rounded or computed the same way on both paths
 // are listed here; tests/cpp/shard_test.cpp checks every one of them, for every floating dtype,
 // at region boundaries that are not vector aligned, so a PyTorch that changes a kernel fails CI
-// instead of producing shards that do not concatenate. Everything else falls back.
+// instead of producing shards that do not concatenate. Everything else falls back. The op table
+// (core/src/op_table.cpp) lists the ops, as RegionRule::kExactPointwise or kExactUnitAlpha.
 bool region_exact_pointwise(const RecordedNode& node, c10::ScalarType dtype) {
-  static constexpr std::string_view kOps[] = {
-      "aten::add",       "aten::sub",       "aten::rsub",    "aten::mul",         "aten::div",
-      "aten::neg",       "aten::abs",       "aten::sqrt",    "aten::exp",         "aten::log",
-      "aten::log1p",     "aten::expm1",     "aten::sin",     "aten::cos",         "aten::tanh",
-      "aten::erf",       "aten::erfinv",    "aten::atan",    "aten::clamp",       "aten::clamp_min",
-      "aten::clamp_max", "aten::where",     "aten::sign",    "aten::maximum",     "aten::minimum",
-      "aten::fmod",      "aten::remainder", "aten::square",  "aten::reciprocal",  "aten::floor",
-      "aten::ceil",      "aten::round",     "aten::trunc",   "aten::masked_fill", "aten::fill",
-      "aten::zero",      "aten::addcmul",   "aten::addcdiv", "aten::lerp",        "aten::eq",
-      "aten::ne",        "aten::lt",        "aten::le",      "aten::gt",          "aten::ge",
-      "aten::to",        "aten::_to_copy",  "aten::clone",   "aten::contiguous",  "aten::copy"};
-  std::string_view name = node.op.schema().name();
-  if (!name.empty() && name.back() == '_') {
-    name.remove_suffix(1);
+  switch (region_rule(node)) {
+    case RegionRule::kExactPointwise:
+      return true;
+    case RegionRule::kExactUnitAlpha: {
+      const std::optional<double> alpha = double_argument(node, "alpha");
+      return !alpha || *alpha == 1.0 ||
+             (dtype != c10::ScalarType::Half && dtype != c10::ScalarType::BFloat16);
+    }
+    case RegionRule::kFallsBack:
+    case RegionRule::kFactory:
+      return false;
   }
-  if (std::find(std::begin(kOps), std::end(kOps), name) == std::end(kOps)) {
-    return false;
-  }
-  if (name == "aten::add" || name == "aten::sub") {
-    const std::optional<double> alpha = double_argument(node, "alpha");
-    return !alpha || *alpha == 1.0 ||
-           (dtype != c10::ScalarType::Half && dtype != c10::ScalarType::BFloat16);
-  }
-  return true;
+  return false;
 }
 
 // The box of an input of shape `input` that broadcasting maps onto `region` of an output of shape
@@ -326,9 +319,8 @@ std::optional<at::Tensor> RegionReplay::local_before(int64_t value_index, const 
   const RecordedValue& base = graph_->values()[storage.base_value];
   // Checked before the view's geometry, so that the stats name the op when both fail.
   const RecordedNode& creator = graph_->nodes()[storage.creator];
-  if (!(creator.draws && has_counter_definition(creator)) &&
-      !is_factory(creator.op.schema().name()) && !region_exact_pointwise(creator, base.dtype) &&
-      !joins_inputs(creator)) {
+  if (!(creator.draws && has_counter_definition(creator)) && !is_factory(creator) &&
+      !region_exact_pointwise(creator, base.dtype) && !joins_inputs(creator)) {
     fail(c10::toString(creator.op.schema().operator_name()));
     return std::nullopt;
   }
@@ -453,7 +445,7 @@ std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedVal
     counter_fill_node(node, result, seed_, {base.sizes, region.start});
     return result;
   }
-  if (is_factory(name)) {
+  if (is_factory(node)) {
     at::Tensor result = allocate(region, base);
     if (name.find("zeros") != std::string::npos) {
       result.zero_();
@@ -471,23 +463,17 @@ std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedVal
     fail(op);
     return std::nullopt;
   }
-  const auto& arguments = node.op.schema().arguments();
-  torch::jit::Stack stack;
-  std::vector<at::Tensor> read;
   bool ok = true;
-  for (size_t i = 0; i < node.arguments.size(); ++i) {
-    if (is_device_argument(arguments[i]) && node.arguments[i].isDevice()) {
-      stack.emplace_back(device_of(base));
-      continue;
-    }
-    stack.push_back(map_tensors(node.arguments[i], [&](const at::Tensor&) {
-      std::optional<at::Tensor> input =
-          input_region(node.inputs[read.size()], base.sizes, region, index);
-      ok = ok && input.has_value();
-      read.push_back(input.value_or(at::Tensor()));
-      return read.back();
-    }));
-  }
+  std::vector<at::Tensor> read;
+  torch::jit::Stack stack = node_stack(
+      node,
+      [&](size_t, const RecordedInput& input) {
+        std::optional<at::Tensor> part = input_region(input, base.sizes, region, index);
+        ok = ok && part.has_value();
+        read.push_back(part.value_or(at::Tensor()));
+        return read.back();
+      },
+      device_of(base));
   if (!ok) {
     return std::nullopt;
   }
@@ -596,21 +582,15 @@ bool RegionReplay::apply_write(int64_t index, const RecordedValue& base, const B
   if (!region_exact_pointwise(node, target.dtype)) {
     return fail(op);
   }
-  torch::jit::Stack stack;
-  size_t next_input = 0;
   bool ok = true;
-  for (size_t i = 0; i < node.arguments.size(); ++i) {
-    stack.push_back(map_tensors(node.arguments[i], [&](const at::Tensor&) {
-      const size_t position = next_input++;
-      if (position == 0) {
-        return part;
-      }
-      std::optional<at::Tensor> input =
-          input_region(node.inputs[position], target.sizes, part_box, index);
-      ok = ok && input.has_value();
-      return input.value_or(at::Tensor());
-    }));
-  }
+  torch::jit::Stack stack = node_stack(node, [&](size_t position, const RecordedInput& input) {
+    if (position == 0) {
+      return part;
+    }
+    std::optional<at::Tensor> region_input = input_region(input, target.sizes, part_box, index);
+    ok = ok && region_input.has_value();
+    return region_input.value_or(at::Tensor());
+  });
   if (!ok) {
     return false;
   }

@@ -9,6 +9,7 @@
 #include <torchdefer/counter_rng.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/mt19937_jump.h>
+#include <torchdefer/node_stack.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/torch_compat.h>
 
@@ -323,29 +324,13 @@ void GraphReplay::check_replayed_output(const RecordedNode& node, const Recorded
 
 void GraphReplay::run_node(int64_t index) {
   const RecordedNode& node = graph_->nodes()[index];
-  const c10::FunctionSchema& schema = node.op.schema();
   const c10::Device device = node_device(node);
   if (node.draws && options_.rng() == RngMode::kCounter && run_counter_node(index, node, device)) {
     return;
   }
-  const bool has_tensor_inputs = std::any_of(
-      node.inputs.begin(), node.inputs.end(),
-      [](const RecordedInput& input) { return input.kind != RecordedInput::Kind::kUndefined; });
-  torch::jit::Stack stack;
-  stack.reserve(node.arguments.size());
-  size_t next_input = 0;
-  for (size_t i = 0; i < node.arguments.size(); ++i) {
-    const c10::IValue& argument = node.arguments[i];
-    if (is_device_argument(schema.arguments()[i])) {
-      const bool factory_default = argument.isNone() && !has_tensor_inputs;
-      const bool overridden = argument.isDevice() && options_.device();
-      stack.emplace_back(factory_default || overridden ? c10::IValue(device) : argument);
-      continue;
-    }
-    stack.push_back(map_tensors(argument, [&](const at::Tensor&) {
-      return input_tensor(node.inputs[next_input++], device);
-    }));
-  }
+  torch::jit::Stack stack = node_stack(
+      node, [&](size_t, const RecordedInput& input) { return input_tensor(input, device); },
+      device);
   if (node.draws && options_.rng() == RngMode::kTorch) {
     place_generator(*node.draws);
   }

@@ -40,7 +40,7 @@ std::optional<Box> Shard::box_for(c10::IntArrayRef global_sizes) const {
     return std::nullopt;
   }
   const int64_t size = global_sizes[dim];
-  const int64_t chunk = (size + world_size - 1) / world_size;
+  const int64_t chunk = chunk_size(size);
   Box box = whole(global_sizes);
   box.start[dim] = std::min(rank * chunk, size);
   box.stop[dim] = std::min(box.start[dim] + chunk, size);

@@ -1,6 +1,5 @@
-// Operators whose results depend on tensor values rather than on shapes and dtypes: the Fake layer
-// refuses them, and the recorder answers them by reading values (Note [Reading values while
-// recording]). One table, so that both agree on which ops read values.
+// Data-dependent operators (value_reading_api() in op_table.h says which) whose result is known
+// without values in special cases: the Fake layer answers those instead of refusing.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,10 +11,6 @@
 #include <string_view>
 
 namespace torchdefer {
-
-// How users call `op` (a schema name such as "aten::nonzero") if it reads tensor values to decide
-// its output's shape or a host value, or nullptr if it does not.
-const char* data_dependent_api(std::string_view op);
 
 // The result of data-dependent `op` on `tensors` (its tensor arguments, in order) when it is known
 // without data, else nullopt: torch::equal(a, b) of the same view of one fake storage is true.

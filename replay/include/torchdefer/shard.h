@@ -37,6 +37,9 @@ struct Shard {
 
   // This rank's box of a tensor of `global_sizes`, or nullopt to replicate it.
   std::optional<Box> box_for(c10::IntArrayRef global_sizes) const;
+
+  // The torch.chunk size of a dimension of `size` elements: ceil(size / world_size).
+  int64_t chunk_size(int64_t size) const { return (size + world_size - 1) / world_size; }
 };
 
 // A general layout: the box a rank holds of the tensor named `name` (its qualified name in the

@@ -1,0 +1,106 @@
+// What torchdefer knows about individual operators, in one table keyed by operator name: how a
+// random op draws from PyTorch's generator, which counter distribution it samples, whether an op
+// reads tensor values, how region replay treats it, and which ops get a meta rule. Each layer
+// reads the part it needs; adding an op is one entry in core/src/op_table.cpp.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace torchdefer {
+
+// How many 32-bit numbers a random op draws from PyTorch's default CPU generator (Note [Torch-mode
+// draw offsets] in recorder/src/torch_rng.h says why each rule is what it is).
+enum class DrawRule : uint8_t {
+  kOnScratch,            // run at record time on a scratch copy whose fake inputs are ones
+  kOnScratchWithValues,  // run at record time on a scratch copy of its inputs' values
+  kUniform,              // one per element, two for float64
+  kNormal,               // normal fill: known for 16 or more contiguous elements, else scratch
+  kRandom,               // random_/randint: one or two per element by range and dtype
+  kTwoPerElement,        // cauchy_, geometric_
+  kBernoulliTensor,      // one per element, two when the probabilities are float64
+};
+
+// The distribution a random op samples in counter RNG mode (Note [Counter RNG]); kNone for ops
+// that have none (randperm, multinomial, dropout), which replay on a seeded generator instead.
+enum class CounterSampler : uint8_t {
+  kNone,
+  kUniform,
+  kNormal,
+  kBernoulli,
+  kExponential,
+  kLogNormal,
+  kCauchy,
+  kGeometric,
+  kRandom,           // random_: bounds `from`, `to`
+  kRandint,          // randint/randint_like: bounds `low`, `high`
+  kTruncatedNormal,  // Note [Counter-mode truncated normal]
+};
+
+// A distribution parameter: the value of argument `argument` (a float or int), or `fallback`
+// when the op has no such argument or it was not given.
+struct CounterParameter {
+  std::string_view argument;
+  double fallback = 0.0;
+};
+
+// How region replay computes a region of an op's output (Note [Region replay]).
+enum class RegionRule : uint8_t {
+  kFallsBack,       // computed whole, then sliced
+  kFactory,         // a constant or uninitialized fill: computes just the region
+  kExactPointwise,  // Note [Region-exact pointwise ops]
+  kExactUnitAlpha,  // exact unless `alpha` is not 1 in float16 or bfloat16 (add, sub)
+  kJoinsInputs,     // cat and stack: Note [Region rules for cat and stack]
+};
+
+// Whether a call reads tensor values to decide its output's shape or a host value.
+enum class ValueRule : uint8_t {
+  kFromTags,  // as ATen tags it: data_dependent_output or dynamic_output_shape
+  kAlways,
+  kWithBoolIndex,    // aten::index with a boolean or byte mask among its indices
+  kWithFakeRepeats,  // repeat_interleave with tensor repeats that are fake and no output_size
+};
+
+// A meta rule: an op's meta outputs from its meta arguments (Note [Meta rules]).
+using MetaRule = std::vector<c10::IValue> (*)(c10::ArrayRef<c10::IValue> arguments);
+
+// One operator, or one overload of it.
+struct OpInfo {
+  std::string_view name;  // "aten::normal_", or "aten::where.self" for one overload
+  std::optional<DrawRule> draws;
+  CounterSampler sampler = CounterSampler::kNone;
+  CounterParameter first;   // the sampler's first parameter (from, mean, p, lambda, median)
+  CounterParameter second;  // its second (to, std, sigma), if any
+  RegionRule region = RegionRule::kFallsBack;
+  ValueRule values = ValueRule::kFromTags;
+  const char* api = nullptr;  // how users call a value-reading op, for messages
+  MetaRule meta = nullptr;
+};
+
+// The entry for `op`: its overload's own entry if the table has one, else its name's; nullptr if
+// the table has neither.
+const OpInfo* find_op_info(const c10::OperatorName& op);
+
+// The entry for operator name `name` (no overload), or nullptr.
+const OpInfo* find_op_info(std::string_view name);
+
+// Every entry, for registering meta rules and for tests that check each entry against ATen.
+c10::ArrayRef<OpInfo> op_table();
+
+// True if `op` draws random numbers: ATen tags those nondeterministic_seeded.
+bool is_random(const c10::OperatorHandle& op);
+
+// If a call of `op` with `arguments` (its boxed arguments, in schema order) reads tensor values
+// to decide its output's shape or a host value, how users call it ("Tensor::nonzero()", or the
+// schema name); nullopt otherwise.
+std::optional<std::string> value_reading_api(const c10::OperatorHandle& op,
+                                             c10::ArrayRef<c10::IValue> arguments);
+
+}  // namespace torchdefer

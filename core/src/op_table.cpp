@@ -1,0 +1,310 @@
+#include <torchdefer/op_table.h>
+
+#include <torchdefer/fake_tensor.h>
+
+#include <ATen/core/enum_tag.h>
+#include <c10/util/Exception.h>
+
+#include <string>
+#include <unordered_map>
+
+#include "meta_rules.h"
+
+namespace torchdefer {
+namespace {
+
+constexpr OpInfo random(std::string_view name, DrawRule draws,
+                        CounterSampler sampler = CounterSampler::kNone, CounterParameter first = {},
+                        CounterParameter second = {}) {
+  OpInfo info;
+  info.name = name;
+  info.draws = draws;
+  info.sampler = sampler;
+  info.first = first;
+  info.second = second;
+  return info;
+}
+
+constexpr OpInfo region(std::string_view name, RegionRule rule) {
+  OpInfo info;
+  info.name = name;
+  info.region = rule;
+  return info;
+}
+
+constexpr OpInfo exact(std::string_view name) { return region(name, RegionRule::kExactPointwise); }
+constexpr OpInfo factory(std::string_view name) { return region(name, RegionRule::kFactory); }
+
+constexpr OpInfo reads_values(std::string_view name, const char* api,
+                              ValueRule rule = ValueRule::kAlways) {
+  OpInfo info;
+  info.name = name;
+  info.values = rule;
+  info.api = api;
+  return info;
+}
+
+constexpr OpInfo with_meta(OpInfo info, MetaRule meta) {
+  info.meta = meta;
+  return info;
+}
+
+constexpr OpInfo meta(std::string_view name, MetaRule rule) {
+  OpInfo info;
+  info.name = name;
+  info.meta = rule;
+  return info;
+}
+
+namespace rules = detail::meta_rules;
+using D = DrawRule;
+using S = CounterSampler;
+
+// Keyed by "name" (every overload, unless one has its own entry) or "name.overload". Region rules
+// are looked up by name, with an in-place op's trailing underscore dropped: they hold for the
+// functional op, its in-place form and every overload.
+constexpr OpInfo kOps[] = {
+    // Random ops. Counter parameters name the op's arguments; the rest of Note [Counter RNG].
+    random("aten::uniform_", D::kUniform, S::kUniform, {"from", 0}, {"to", 1}),
+    random("aten::rand", D::kUniform, S::kUniform, {"", 0}, {"", 1}),
+    random("aten::rand_like", D::kUniform, S::kUniform, {"", 0}, {"", 1}),
+    random("aten::normal_", D::kNormal, S::kNormal, {"mean", 0}, {"std", 1}),
+    random("aten::normal", D::kNormal),
+    random("aten::randn", D::kNormal, S::kNormal, {"", 0}, {"", 1}),
+    random("aten::randn_like", D::kNormal, S::kNormal, {"", 0}, {"", 1}),
+    random("aten::random_", D::kRandom, S::kRandom),
+    random("aten::randint", D::kRandom, S::kRandint),
+    random("aten::randint_like", D::kRandom, S::kRandint),
+    random("aten::cauchy_", D::kTwoPerElement, S::kCauchy, {"median", 0}, {"sigma", 1}),
+    random("aten::geometric_", D::kTwoPerElement, S::kGeometric, {"p", 0.5}),
+    random("aten::exponential_", D::kOnScratch, S::kExponential, {"lambd", 1}),
+    random("aten::log_normal_", D::kOnScratch, S::kLogNormal, {"mean", 1}, {"std", 2}),
+    random("aten::bernoulli_.float", D::kOnScratch, S::kBernoulli, {"p", 0.5}),
+    random("aten::bernoulli_.Tensor", D::kBernoulliTensor),
+    random("aten::bernoulli", D::kBernoulliTensor),
+    random("aten::bernoulli.p", D::kOnScratch),
+    random("aten::multinomial", D::kOnScratch),
+    random("aten::poisson", D::kOnScratchWithValues),
+    random("aten::binomial", D::kOnScratchWithValues),
+    random("aten::_standard_gamma", D::kOnScratchWithValues),
+    random("aten::_sample_dirichlet", D::kOnScratchWithValues),
+    random("aten::rrelu", D::kOnScratchWithValues),  // draws only for negative elements
+    random("aten::rrelu_", D::kOnScratchWithValues),
+    with_meta(random("aten::rrelu_with_noise", D::kOnScratchWithValues), rules::same_shape),
+    random("aten::rrelu_with_noise_", D::kOnScratchWithValues),
+    random("torchdefer::trunc_normal_", D::kOnScratch, S::kTruncatedNormal),
+    with_meta(random("aten::randperm", D::kOnScratch), rules::randperm),
+    with_meta(random("aten::randperm.generator", D::kOnScratch), rules::randperm),
+
+    // Region-replay factories and region-exact pointwise ops.
+    factory("aten::zeros"),
+    factory("aten::ones"),
+    factory("aten::full"),
+    factory("aten::empty"),
+    factory("aten::empty_strided"),
+    factory("aten::zeros_like"),
+    factory("aten::ones_like"),
+    factory("aten::full_like"),
+    factory("aten::empty_like"),
+    factory("aten::new_zeros"),
+    factory("aten::new_ones"),
+    factory("aten::new_full"),
+    factory("aten::new_empty"),
+    region("aten::cat", RegionRule::kJoinsInputs),
+    region("aten::concat", RegionRule::kJoinsInputs),
+    region("aten::concatenate", RegionRule::kJoinsInputs),
+    region("aten::stack", RegionRule::kJoinsInputs),
+    region("aten::add", RegionRule::kExactUnitAlpha),
+    region("aten::sub", RegionRule::kExactUnitAlpha),
+    exact("aten::rsub"),
+    exact("aten::mul"),
+    exact("aten::div"),
+    exact("aten::neg"),
+    with_meta(exact("aten::abs"), rules::abs),
+    exact("aten::sqrt"),
+    exact("aten::exp"),
+    exact("aten::log"),
+    exact("aten::log1p"),
+    exact("aten::expm1"),
+    exact("aten::sin"),
+    exact("aten::cos"),
+    exact("aten::tanh"),
+    exact("aten::erf"),
+    exact("aten::erfinv"),
+    exact("aten::atan"),
+    exact("aten::clamp"),
+    exact("aten::clamp_min"),
+    exact("aten::clamp_max"),
+    exact("aten::where"),
+    exact("aten::sign"),
+    exact("aten::maximum"),
+    exact("aten::minimum"),
+    exact("aten::fmod"),
+    exact("aten::remainder"),
+    exact("aten::square"),
+    exact("aten::reciprocal"),
+    exact("aten::floor"),
+    exact("aten::ceil"),
+    exact("aten::round"),
+    exact("aten::trunc"),
+    exact("aten::masked_fill"),
+    exact("aten::fill"),
+    exact("aten::zero"),
+    exact("aten::addcmul"),
+    exact("aten::addcdiv"),
+    exact("aten::lerp"),
+    exact("aten::eq"),
+    exact("aten::ne"),
+    exact("aten::lt"),
+    exact("aten::le"),
+    exact("aten::gt"),
+    exact("aten::ge"),
+    exact("aten::to"),
+    exact("aten::_to_copy"),
+    exact("aten::clone"),
+    exact("aten::contiguous"),
+    exact("aten::copy"),
+
+    // Ops that read values (Note [Reading values while recording]). ATen's tags mark most; these
+    // entries name them for messages, add the untagged ones, and narrow aten::index (tagged for
+    // its boolean masks) and repeat_interleave to the calls whose shapes depend on values.
+    reads_values("aten::_local_scalar_dense", "Tensor::item()"),
+    reads_values("aten::item", "Tensor::item()"),
+    reads_values("aten::is_nonzero", "bool(Tensor)"),
+    reads_values("aten::equal", "torch::equal"),
+    reads_values("aten::allclose", "torch::allclose"),
+    reads_values("aten::nonzero", "Tensor::nonzero()"),
+    reads_values("aten::nonzero_numpy", "Tensor::nonzero()"),
+    reads_values("aten::argwhere", "torch::argwhere"),
+    reads_values("aten::masked_select", "torch::masked_select"),
+    reads_values("aten::unique_consecutive", "torch::unique_consecutive"),
+    reads_values("aten::unique_dim", "torch::unique"),
+    reads_values("aten::unique_dim_consecutive", "torch::unique_consecutive"),
+    reads_values("aten::_unique", "torch::unique"),
+    reads_values("aten::_unique2", "torch::unique"),
+    reads_values("aten::bincount", "torch::bincount"),
+    reads_values("aten::histc", "torch::histc"),
+    reads_values("aten::one_hot", "torch::nn::functional::one_hot"),
+    reads_values("aten::_assert_async", "torch::_assert_async"),
+    reads_values("aten::index", "indexing with a boolean mask (t[mask])",
+                 ValueRule::kWithBoolIndex),
+    reads_values("aten::repeat_interleave", "torch::repeat_interleave with tensor repeats",
+                 ValueRule::kWithFakeRepeats),
+
+    // Meta rules (Note [Meta rules]).
+    meta("aten::abs_", rules::in_place),
+    meta("aten::relu", rules::same_shape),
+    meta("aten::hardtanh", rules::same_shape),
+    meta("aten::hardswish", rules::same_shape),
+    meta("aten::_prelu_kernel", rules::same_shape),
+    meta("aten::log_sigmoid_forward", rules::with_empty_buffer),
+    meta("aten::where.self", rules::where_self),
+    meta("aten::index_select", rules::index_select),
+    meta("aten::native_batch_norm", rules::batch_norm),
+    meta("aten::_native_batch_norm_legit", rules::batch_norm),
+    meta("aten::_native_batch_norm_legit.no_stats", rules::batch_norm_no_stats),
+    meta("aten::_batch_norm_with_update", rules::batch_norm_with_update),
+    meta("aten::native_dropout", rules::native_dropout),
+    meta("aten::_adaptive_avg_pool2d", rules::adaptive_avg_pool2d),
+    meta("aten::convolution", rules::convolution),
+    meta("aten::_convolution", rules::convolution),
+    meta("aten::_thnn_fused_lstm_cell", rules::fused_lstm_cell),
+    meta("aten::mkldnn_rnn_layer", rules::mkldnn_rnn_layer),
+};
+
+const std::unordered_map<std::string_view, const OpInfo*>& index() {
+  static const auto* const by_key = [] {
+    auto* map = new std::unordered_map<std::string_view, const OpInfo*>();
+    for (const OpInfo& info : kOps) {
+      TORCH_INTERNAL_ASSERT(map->emplace(info.name, &info).second,
+                            "torchdefer: the op table lists ", info.name, " twice");
+    }
+    return map;
+  }();
+  return *by_key;
+}
+
+const OpInfo* lookup(std::string_view key) {
+  const auto& by_key = index();
+  const auto found = by_key.find(key);
+  return found == by_key.end() ? nullptr : found->second;
+}
+
+bool has_bool_index(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> arguments) {
+  for (size_t i = 0; i < schema.arguments().size() && i < arguments.size(); ++i) {
+    if (schema.arguments()[i].name() != "indices" || !arguments[i].isList()) {
+      continue;
+    }
+    for (const c10::IValue& index : arguments[i].toListRef()) {
+      if (index.isTensor() && index.toTensor().defined() &&
+          (index.toTensor().scalar_type() == at::kBool ||
+           index.toTensor().scalar_type() == at::kByte)) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+bool has_fake_repeats_without_output_size(const c10::FunctionSchema& schema,
+                                          c10::ArrayRef<c10::IValue> arguments) {
+  bool fake_repeats = false;
+  for (size_t i = 0; i < schema.arguments().size() && i < arguments.size(); ++i) {
+    const std::string& name = schema.arguments()[i].name();
+    if (name == "output_size" && !arguments[i].isNone()) {
+      return false;
+    }
+    const bool repeats_tensor =
+        (name == "repeats" || (name == "self" && schema.overload_name() == "Tensor")) &&
+        arguments[i].isTensor();
+    fake_repeats = fake_repeats || (repeats_tensor && is_fake(arguments[i].toTensor()));
+  }
+  return fake_repeats;
+}
+
+}  // namespace
+
+const OpInfo* find_op_info(const c10::OperatorName& op) {
+  if (!op.overload_name.empty()) {
+    if (const OpInfo* info = lookup(op.name + "." + op.overload_name)) {
+      return info;
+    }
+  }
+  return lookup(op.name);
+}
+
+const OpInfo* find_op_info(std::string_view name) { return lookup(name); }
+
+c10::ArrayRef<OpInfo> op_table() { return kOps; }
+
+bool is_random(const c10::OperatorHandle& op) {
+  return op.hasTag(at::Tag::nondeterministic_seeded);
+}
+
+std::optional<std::string> value_reading_api(const c10::OperatorHandle& op,
+                                             c10::ArrayRef<c10::IValue> arguments) {
+  const c10::FunctionSchema& schema = op.schema();
+  const OpInfo* info = lookup(schema.name());
+  const ValueRule rule = info != nullptr ? info->values : ValueRule::kFromTags;
+  bool reads = false;
+  switch (rule) {
+    case ValueRule::kFromTags:
+      reads = op.hasTag(at::Tag::data_dependent_output) || op.hasTag(at::Tag::dynamic_output_shape);
+      break;
+    case ValueRule::kAlways:
+      reads = true;
+      break;
+    case ValueRule::kWithBoolIndex:
+      reads = has_bool_index(schema, arguments);
+      break;
+    case ValueRule::kWithFakeRepeats:
+      reads = has_fake_repeats_without_output_size(schema, arguments);
+      break;
+  }
+  if (!reads) {
+    return std::nullopt;
+  }
+  return info != nullptr && info->api != nullptr ? std::string(info->api) : schema.name();
+}
+
+}  // namespace torchdefer

@@ -1,0 +1,19 @@
+// The boxed kernel of the recorder layer, for the file that registers every kernel torchdefer
+// adds to the dispatcher (registrations.cpp).
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/DispatchKeySet.h>
+
+namespace torchdefer::detail {
+
+// The fallback for kDeferredInitKey: records every op on recorded fakes, and every factory while
+// deferred_init runs (Note [Recording an op]).
+void deferred_init_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                            torch::jit::Stack* stack);
+
+// How many meta rules loading the library registered (Note [What loading torchdefer changes]).
+int registered_meta_rules();
+
+}  // namespace torchdefer::detail

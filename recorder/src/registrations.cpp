@@ -1,0 +1,99 @@
+// Every kernel torchdefer registers with PyTorch's dispatcher, in one place.
+#include <torchdefer/core_kernels.h>
+#include <torchdefer/op_table.h>
+#include <torchdefer/torch_compat.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DispatchKey.h>
+#include <torch/library.h>
+
+#include <string>
+#include <string_view>
+
+#include "recorder_kernels.h"
+
+namespace torchdefer::detail {
+namespace {
+
+// Note [What loading torchdefer changes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A program that links or imports torchdefer and never calls it behaves exactly as without it.
+// Loading the library has these process-wide effects, and no others:
+//
+//  1. A boxed fallback for kFakeKey (Note [The Fake fallback]). Only fake tensors carry that key,
+//     and only torchdefer makes them.
+//  2. A boxed fallback for kDeferredInitKey (Note [Recording an op]). Only deferred_init puts the
+//     key in TLS, and only recorded fakes carry it.
+//  3. A Meta kernel for each op with a meta rule in the op table (Note [Meta rules]), registered
+//     only if the op has no Meta kernel when the library loads. So a meta tensor computes with
+//     torch's own Meta kernel wherever torch has one, and only ops that would raise "not
+//     implemented" on meta work now. In a Python process, torch registers its Python meta kernels
+//     (torch/ _meta_registrations.py) when `torch` is imported, before any extension loads, and the
+//     rules step aside for all but randperm.generator (2.13), whose composite torch's Python
+//     meta kernel for randperm.generator_out serves; the rule computes the same output.
+//     tests/python/test_registrations.py checks that nothing else changes.
+//  4. The replay engine installs itself as the recorder's value reader (value_reader.h), a
+//     pointer only the recorder reads.
+//
+// Not at load, but when the first fake on a device type with no device guard at all is made
+// (a fake CUDA tensor in a CPU-only build): a stand-in guard for that type (Note [Stand-in device
+// guards]). A device type with a real guard keeps it; a process that makes no such fake gets
+// none.
+
+// Whether torch has a Meta kernel for `op`. A composite kernel does not count: the ops with meta
+// rules are those whose composite reaches an op with no meta kernel (randperm.generator calls
+// randperm.generator_out), which is why they need a rule.
+bool has_meta_kernel(const c10::OperatorHandle& op) {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::Meta);
+}
+
+c10::OperatorName operator_name(std::string_view key) {
+  const size_t dot = key.find('.');
+  return c10::OperatorName(std::string(key.substr(0, dot)), dot == std::string_view::npos
+                                                                ? std::string()
+                                                                : std::string(key.substr(dot + 1)));
+}
+
+int register_meta_rules(torch::Library& library) {
+  int registered = 0;
+  for (const OpInfo& info : op_table()) {
+    if (info.meta == nullptr) {
+      continue;
+    }
+    const auto op = c10::Dispatcher::singleton().findOp(operator_name(info.name));
+    if (!op || has_meta_kernel(*op)) {
+      continue;
+    }
+    const std::string unqualified(info.name.substr(info.name.find("::") + 2));
+    library.impl(unqualified.c_str(),
+                 torch::CppFunction::makeFromBoxedFunction<&meta_rule_kernel>());
+    ++registered;
+  }
+  return registered;
+}
+
+// Namespace-scope Libraries rather than TORCH_LIBRARY_IMPL, so that the keys come from
+// torch_compat.h (Note [Dispatch keys]) instead of being spelled here.
+struct Registrations {
+  Registrations()
+      : fake(torch::Library::IMPL, "_", kFakeKey, __FILE__, __LINE__),
+        deferred_init(torch::Library::IMPL, "_", kDeferredInitKey, __FILE__, __LINE__),
+        meta(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__) {
+    fake.fallback(torch::CppFunction::makeFromBoxedFunction<&fake_fallback>());
+    deferred_init.fallback(torch::CppFunction::makeFromBoxedFunction<&deferred_init_fallback>());
+    meta_rules = register_meta_rules(meta);
+  }
+
+  torch::Library fake;
+  torch::Library deferred_init;
+  torch::Library meta;
+  int meta_rules = 0;
+};
+
+const Registrations registrations;
+
+}  // namespace
+
+int registered_meta_rules() { return registrations.meta_rules; }
+
+}  // namespace torchdefer::detail
