@@ -17,6 +17,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,8 +30,13 @@ namespace {
 // The graph the innermost RecordingScope on this thread records into.
 thread_local std::shared_ptr<OpGraph> tls_graph;
 
-// Provided by the replay engine (value_reader.h).
-detail::ValueReader value_reader = nullptr;
+// Note [Who reads values]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Reading a value replays it, and the recorder must not depend on the replay engine. So the
+// recorder declares the ValueReader interface and the entry layer (materialize.cpp), which sits
+// above replay, installs its implementation when the library is loaded, before any deferred_init
+// can run. read_values() raises a clear internal error if nothing was installed.
+std::atomic<const detail::ValueReader*> value_reader{nullptr};
 
 // Note [Reading values while recording]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -44,13 +50,12 @@ detail::ValueReader value_reader = nullptr;
 // real result: a Scalar for item(), a real tensor for nonzero() (which later recorded ops capture
 // as any real input). The op itself is not recorded: whatever it produced is real.
 //
-// The reader (the replay engine's, installed through value_reader.h so that the recorder does not
-// depend on replay) replays the history of that value once, on CPU, in torch RNG mode, into
-// storages nobody else sees, and commits nothing: the fakes stay fake, the recording is unchanged,
-// and the default generator is restored to where the recorder keeps it (Note [Torch-mode draw
-// offsets]), so materialization and code after deferred_init see exactly what they would have
-// without the read. The cost is that replay, per read: fine for the small tensors model code
-// reads, a full computation for a large one.
+// The reader (installed by the entry layer: Note [Who reads values]) replays the history of that
+// value once, on CPU, in torch RNG mode, into storages nobody else sees, and commits nothing: the
+// fakes stay fake, the recording is unchanged, and the default generator is restored to where the
+// recorder keeps it (Note [Torch-mode draw offsets]), so materialization and code after
+// deferred_init see exactly what they would have without the read. The cost is that replay, per
+// read: fine for the small tensors model code reads, a full computation for a large one.
 //
 // The value read is always the torch-mode one, eager's values on CPU, even for a model that will
 // be materialized in counter RNG mode: the read decides control flow during construction, which
@@ -93,12 +98,12 @@ class Recorder {
       run_on_values();
       return;
     }
-    if (graph_ == nullptr || (!has_fake_ && has_tensor_)) {
-      if (detail::is_random(op_)) {
-        // An unrecorded op is about to draw: the generator must be where eager would have it.
-        detail::settle_generator();
-      }
+    if (graph_ == nullptr) {
       redispatch(keys);
+      return;
+    }
+    if (!has_fake_ && has_tensor_) {
+      run_real(keys);
       return;
     }
     RecordedNode node = describe_call();
@@ -231,6 +236,24 @@ class Recorder {
     return node;
   }
 
+  // Note [Ops on real tensors run for real]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // An op whose tensor arguments are all real is a real computation, recorded or not: it runs
+  // with both of torchdefer's keys excluded. Excluding only kDeferredInitKey is not enough: a
+  // composite kernel may call a factory for an argument that is not a tensor
+  // (`torch.where(cond, t, 1.5)` wraps 1.5 into a 0-dim tensor), and under the FakeMode of the
+  // recording that factory would return a fake that nothing records, turning the whole result
+  // into a fake with no recorded origin.
+  void run_real(c10::DispatchKeySet keys) {
+    if (detail::is_random(op_)) {
+      // An unrecorded op is about to draw: the generator must be where eager would have it.
+      detail::settle_generator();
+    }
+    RealOnlyGuard real_only;
+    op_.redispatchBoxed(
+        keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
+  }
+
   void redispatch(c10::DispatchKeySet keys) {
     c10::impl::ExcludeDispatchKeyGuard no_recording(kDeferredInitKey);
     try {
@@ -259,8 +282,13 @@ class Recorder {
     if (!produces_fakes && written_.empty()) {
       return;
     }
-    const std::lock_guard<std::mutex> lock(graph_->mutex());
+    const auto lock = graph_->lock();
     const int64_t index = graph_->add_node(std::move(node));
+    // Writes first: an in-place op on a fake this graph did not create returns that fake, which
+    // must not become a value created by this node (its storage has no recorded origin).
+    for (const at::Tensor& t : written_) {
+      graph_->add_write(index, t);
+    }
     std::vector<int64_t> outputs;
     outputs.reserve(fake_outputs.size());
     for (const at::Tensor& t : fake_outputs) {
@@ -273,9 +301,6 @@ class Recorder {
       impl->set_annotation(std::make_shared<RecordedFake>(graph_, value));
       impl->include_dispatch_key(kDeferredInitKey);
       outputs.push_back(value);
-    }
-    for (const at::Tensor& t : written_) {
-      graph_->add_write(index, t);
     }
     graph_->set_outputs(index, std::move(outputs));
     if (detail::is_random(op_)) {
@@ -328,28 +353,30 @@ at::Tensor read_values(const at::Tensor& t) {
               " outside the deferred_init that recorded it (", rec->graph->context(),
               "): values are read only while construction runs. Materialize it first "
               "(materialize_tensor), then read the real tensor.");
-  TORCH_INTERNAL_ASSERT(value_reader != nullptr, "torchdefer: no value reader is installed");
-  return value_reader(t);
+  const detail::ValueReader* reader = value_reader.load();
+  TORCH_INTERNAL_ASSERT(reader != nullptr, "torchdefer: no value reader is installed");
+  return reader->read(t);
 }
 
 namespace detail {
 
-void set_value_reader(ValueReader reader) {
-  TORCH_INTERNAL_ASSERT(value_reader == nullptr, "torchdefer: the value reader is set twice");
-  value_reader = reader;
+void install_value_reader(const ValueReader& reader) {
+  const ValueReader* expected = nullptr;
+  TORCH_INTERNAL_ASSERT(
+      value_reader.compare_exchange_strong(expected, &reader) || expected == &reader,
+      "torchdefer: a second value reader is installed");
 }
+
+}  // namespace detail
 
 RecordingScope::RecordingScope(std::string context)
     : include_deferred_init_(kDeferredInitKey), saved_graph_(tls_graph) {
-  auto graph = std::make_shared<OpGraph>(std::move(context));
-  graph->set_counter_seed(default_generator_digest());
-  tls_graph = std::move(graph);
+  tls_graph = std::make_shared<OpGraph>(std::move(context), detail::default_generator_digest());
 }
 
 RecordingScope::~RecordingScope() {
   tls_graph = std::move(saved_graph_);
-  settle_generator();
+  detail::settle_generator();
 }
 
-}  // namespace detail
 }  // namespace torchdefer

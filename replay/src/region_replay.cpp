@@ -1,5 +1,5 @@
 // Region replay (Note [Region replay]).
-#include "region_replay.h"
+#include <torchdefer/region_replay.h>
 
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/counter_rng.h>
@@ -14,8 +14,8 @@
 #include <string_view>
 #include <utility>
 
+#include <torchdefer/replay.h>
 #include "recorded_ops.h"
-#include "replay.h"
 
 namespace torchdefer::detail {
 namespace {
@@ -247,10 +247,10 @@ at::Tensor slice(const at::Tensor& t, const Box& box) {
   return part;
 }
 
-RegionReplay::RegionReplay(std::shared_ptr<OpGraph> graph, const MaterializeOptions& options)
+RegionReplay::RegionReplay(std::shared_ptr<OpGraph> graph, ReplayConfig config)
     : graph_(std::move(graph)),
-      options_(options),
-      seed_(options.counter_seed().value_or(graph_->counter_seed())) {}
+      config_(std::move(config)),
+      seed_(config_.counter_seed.value_or(graph_->counter_seed())) {}
 
 bool RegionReplay::fail(std::string why) {
   why_ = std::move(why);
@@ -258,7 +258,7 @@ bool RegionReplay::fail(std::string why) {
 }
 
 c10::Device RegionReplay::device_of(const RecordedValue& value) const {
-  return options_.device().value_or(value.device);
+  return config_.device.value_or(value.device);
 }
 
 at::Tensor RegionReplay::allocate(const Box& region, const RecordedValue& like) {
@@ -363,12 +363,11 @@ at::Tensor RegionReplay::local_or_whole(int64_t value, const Box& box, int64_t b
 }
 
 at::Tensor RegionReplay::compute_whole(int64_t value, int64_t before) {
-  GraphReplay replay(graph_, options_);
+  GraphReplay replay(graph_, config_);
   replay.add_value(value);
   replay.stop_before(before);
   replay.plan();
-  replay.validate();
-  replay.execute();
+  replay.run();
   at::Tensor full = replay.result(0);
   bytes_computed_ += static_cast<int64_t>(full.storage().nbytes());
   return full;
@@ -380,7 +379,7 @@ std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedVal
   const std::string& name = node.op.schema().name();
   const std::string op = c10::toString(node.op.schema().operator_name());
   if (node.draws) {
-    if (options_.rng() != RngMode::kCounter || !has_counter_definition(node)) {
+    if (!config_.counter_rng || !has_counter_definition(node)) {
       fail(op);
       return std::nullopt;
     }
@@ -447,7 +446,7 @@ bool RegionReplay::apply_write(int64_t index, const RecordedValue& base, const B
   }
   at::Tensor part = view_part(local, region, *view, part_box);
   if (node.draws) {
-    return (options_.rng() == RngMode::kCounter &&
+    return (config_.counter_rng &&
             counter_fill_node(node, part, seed_, {target.sizes, part_box.start})) ||
            fail(op);
   }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <torchdefer/deferred_init.h>
+#include <torchdefer/export.h>
 #include <torchdefer/shard.h>
 
 #include <ATen/core/Tensor.h>
@@ -51,7 +52,7 @@ struct TensorStats {
 struct MaterializeStats {
   std::vector<TensorStats> tensors;
   // One line per tensor and a total, for logs and the demo.
-  std::string to_string() const;
+  TORCHDEFER_API std::string to_string() const;
 };
 
 // Note [Progress]
@@ -145,19 +146,20 @@ class MaterializeOptions {
 // member and container holding it sees the real tensor. Returns `t`. A real tensor is returned
 // untouched. On failure (a device that does not exist, a real input mutated since recording,
 // out of memory) `t` is still fake and can be materialized again.
-at::Tensor materialize_tensor(const at::Tensor& t, const MaterializeOptions& options = {});
+TORCHDEFER_API at::Tensor materialize_tensor(const at::Tensor& t,
+                                             const MaterializeOptions& options = {});
 
 // Materializes several tensors in one replay: storages they share are computed once and stay
 // shared. Either all of them turn real or, on failure, none does.
-void materialize_tensors(const std::vector<at::Tensor>& tensors,
-                         const MaterializeOptions& options = {});
+TORCHDEFER_API void materialize_tensors(const std::vector<at::Tensor>& tensors,
+                                        const MaterializeOptions& options = {});
 
 // Materializes the fake parameters and buffers of `module` and its children (honoring
 // check_fn and buffers_only), whole or, with shard()/region(), as this rank's slices. Tensors
 // that are already real, because they were materialized before or never were fake, are not
 // touched. Returns what it did per tensor.
-MaterializeStats materialize_module(torch::nn::Module& module,
-                                    const MaterializeOptions& options = {});
+TORCHDEFER_API MaterializeStats materialize_module(torch::nn::Module& module,
+                                                   const MaterializeOptions& options = {});
 
 // A tensor of a module, by qualified name, for callers that walk their own module trees (the
 // Python package). Shard layouts split parameters and keep buffers whole.
@@ -168,10 +170,10 @@ struct NamedTensor {
 };
 
 // materialize_module for a list of named tensors (check_fn and buffers_only are the caller's).
-MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tensors,
-                                           const MaterializeOptions& options = {});
+TORCHDEFER_API MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tensors,
+                                                          const MaterializeOptions& options = {});
 
 // True if any parameter or buffer of `module` or its children is still fake.
-bool is_deferred(const torch::nn::Module& module);
+TORCHDEFER_API bool is_deferred(const torch::nn::Module& module);
 
 }  // namespace torchdefer
