@@ -62,9 +62,9 @@ struct MaterializeStats {
 // is its name, e.g. "aten::normal_"), counted over every recording the call replays, so that a
 // long single replay shows movement. A sharded call's step is one tensor (`op` is its qualified
 // name): region replay plans each tensor's operations only when it computes that tensor, so
-// their number is not known up front. Fakes of other recordings that a replay reads are
-// materialized on the way and not counted. An exception thrown by the callback aborts the call,
-// which then leaves everything fake (Note [Replay is all or nothing]).
+// their number is not known up front. The operations that compute fakes of other recordings a
+// replay reads are counted too (Note [One materialization]). An exception thrown by the callback
+// aborts the call, which then leaves everything fake (Note [Replay is all or nothing]).
 struct MaterializeProgress {
   int64_t done = 0;
   int64_t total = 0;
