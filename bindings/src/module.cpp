@@ -36,7 +36,7 @@ class PyScope {
   std::unique_ptr<Scope> scope_;
 };
 
-using RecordingContext = PyScope<detail::RecordingScope, std::string>;
+using RecordingContext = PyScope<RecordingScope, std::string>;
 
 class FakeModeContext {
  public:

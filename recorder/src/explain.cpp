@@ -150,7 +150,7 @@ std::string explain(const at::Tensor& t) {
                       : describe(t) + ": real, nothing to replay";
   }
   const OpGraph& graph = *rec->graph;
-  const std::lock_guard<std::mutex> lock(rec->graph->mutex());
+  const auto lock = rec->graph->lock();
   std::ostringstream out;
   bool first = true;
   for (const int64_t node : nodes_producing(graph, graph.values()[rec->value].storage)) {

@@ -9,7 +9,8 @@ std::atomic<int64_t> live_nodes{0};
 
 }  // namespace
 
-OpGraph::OpGraph(std::string context) : context_(std::move(context)) {}
+OpGraph::OpGraph(std::string context, uint64_t counter_seed)
+    : context_(std::move(context)), counter_seed_(counter_seed) {}
 
 OpGraph::~OpGraph() { live_nodes -= static_cast<int64_t>(nodes_.size()); }
 
@@ -28,6 +29,7 @@ int64_t OpGraph::storage_of(const FakeTensorImpl& fake, int64_t node) {
     storage.creator = node;
     storage.writers.push_back(node);
     storages_.push_back(std::move(storage));
+    real_storages_.emplace_back(c10::intrusive_ptr<c10::StorageImpl>());
   }
   return it->second;
 }
@@ -64,12 +66,21 @@ void OpGraph::add_write(int64_t node, const at::Tensor& fake) {
     storage.writers.push_back(node);
     storage_index_.emplace(impl->storage_identity(), static_cast<int64_t>(storages_.size()));
     storages_.push_back(std::move(storage));
+    real_storages_.emplace_back(c10::intrusive_ptr<c10::StorageImpl>());
     return;
   }
   std::vector<int64_t>& writers = storages_[found->second].writers;
   if (writers.back() != node) {
     writers.push_back(node);
   }
+}
+
+c10::intrusive_ptr<c10::StorageImpl> OpGraph::real_storage(int64_t storage) const {
+  return real_storages_[storage].lock();
+}
+
+void OpGraph::set_real_storage(int64_t storage, const c10::Storage& real) {
+  real_storages_[storage] = real.getWeakStorageImpl();
 }
 
 int64_t OpGraph::add_rng_anchor(at::Tensor state) {

@@ -1,7 +1,8 @@
-// The boxed kernel of the recorder layer, for the file that registers every kernel torchdefer
+// The kernels of the recorder layer, for the file that registers every kernel torchdefer
 // adds to the dispatcher (registrations.cpp).
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/DispatchKeySet.h>
@@ -12,6 +13,10 @@ namespace torchdefer::detail {
 // deferred_init runs (Note [Recording an op]).
 void deferred_init_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                             torch::jit::Stack* stack);
+
+// torchdefer::trunc_normal_: torch.nn.init.trunc_normal_ as one random operator (Note
+// [trunc_normal_ as one operator]).
+at::Tensor& trunc_normal_kernel(at::Tensor& self, double mean, double std, double a, double b);
 
 // How many meta rules loading the library registered (Note [What loading torchdefer changes]).
 int registered_meta_rules();

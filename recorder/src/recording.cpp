@@ -18,6 +18,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,8 +46,13 @@ struct OpenRecording {
 // The RecordingScopes open on this thread, innermost last.
 thread_local std::vector<OpenRecording> tls_open_recordings;
 
-// Provided by the replay engine (value_reader.h).
-detail::ValueReader value_reader = nullptr;
+// Note [Who reads values]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Reading a value replays it, and the recorder must not depend on the replay engine. So the
+// recorder declares the ValueReader interface and the entry layer (materialize.cpp), which sits
+// above replay, installs its implementation when the library is loaded, before any deferred_init
+// can run. read_values() raises a clear internal error if nothing was installed.
+std::atomic<const detail::ValueReader*> value_reader{nullptr};
 
 // Note [Reading values while recording]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -60,13 +66,12 @@ detail::ValueReader value_reader = nullptr;
 // real result: a Scalar for item(), a real tensor for nonzero() (which later recorded ops capture
 // as any real input). The op itself is not recorded: whatever it produced is real.
 //
-// The reader (the replay engine's, installed through value_reader.h so that the recorder does not
-// depend on replay) replays the history of that value once, on CPU, in torch RNG mode, into
-// storages nobody else sees, and commits nothing: the fakes stay fake, the recording is unchanged,
-// and the default generator is restored to where the recorder keeps it (Note [Torch-mode draw
-// offsets]), so materialization and code after deferred_init see exactly what they would have
-// without the read. The cost is that replay, per read: fine for the small tensors model code
-// reads, a full computation for a large one.
+// The reader (installed by the entry layer: Note [Who reads values]) replays the history of that
+// value once, on CPU, in torch RNG mode, into storages nobody else sees, and commits nothing: the
+// fakes stay fake, the recording is unchanged, and the default generator is restored to where the
+// recorder keeps it (Note [Torch-mode draw offsets]), so materialization and code after
+// deferred_init see exactly what they would have without the read. The cost is that replay, per
+// read: fine for the small tensors model code reads, a full computation for a large one.
 //
 // The value read is always the torch-mode one, eager's values on CPU, even for a model that will
 // be materialized in counter RNG mode: the read decides control flow during construction, which
@@ -138,12 +143,12 @@ class Recorder {
       run_on_values();
       return;
     }
-    if (graph_ == nullptr || (!has_fake_ && has_tensor_)) {
-      if (is_random(op_)) {
-        // An unrecorded op is about to draw: the generator must be where eager would have it.
-        detail::settle_generator();
-      }
+    if (graph_ == nullptr) {
       redispatch(keys);
+      return;
+    }
+    if (!has_fake_ && has_tensor_) {
+      run_real(keys);
       return;
     }
     RecordedNode node = describe_call();
@@ -276,11 +281,10 @@ class Recorder {
         });
       }
     } catch (c10::Error& e) {
-      e.add_context(c10::str("torchdefer: while reading values for ",
-                             value_reading_api(op_, arguments())
-                                 .value_or(std::string("a write into a real tensor")),
-                             " (",
-                             schema_.name(), ") in deferred_init of ", tls_graph->context()));
+      e.add_context(c10::str(
+          "torchdefer: while reading values for ",
+          value_reading_api(op_, arguments()).value_or(std::string("a write into a real tensor")),
+          " (", schema_.name(), ") in deferred_init of ", tls_graph->context()));
       throw;
     }
     if (detail::is_random(op_)) {
@@ -353,6 +357,24 @@ class Recorder {
     return node;
   }
 
+  // Note [Ops on real tensors run for real]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // An op whose tensor arguments are all real is a real computation, recorded or not: it runs
+  // with both of torchdefer's keys excluded. Excluding only kDeferredInitKey is not enough: a
+  // composite kernel may call a factory for an argument that is not a tensor
+  // (`torch.where(cond, t, 1.5)` wraps 1.5 into a 0-dim tensor), and under the FakeMode of the
+  // recording that factory would return a fake that nothing records, turning the whole result
+  // into a fake with no recorded origin.
+  void run_real(c10::DispatchKeySet keys) {
+    if (detail::is_random(op_)) {
+      // An unrecorded op is about to draw: the generator must be where eager would have it.
+      detail::settle_generator();
+    }
+    RealOnlyGuard real_only;
+    op_.redispatchBoxed(
+        keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
+  }
+
   void redispatch(c10::DispatchKeySet keys) {
     c10::impl::ExcludeDispatchKeyGuard no_recording(kDeferredInitKey);
     try {
@@ -386,8 +408,13 @@ class Recorder {
     if (!produces_fakes && written_.empty()) {
       return;
     }
-    std::unique_lock<std::mutex> lock(graph_->mutex());
+    auto lock = graph_->lock();
     const int64_t index = graph_->add_node(std::move(node));
+    // Writes first: an in-place op on a fake this graph did not create returns that fake, which
+    // must not become a value created by this node (its storage has no recorded origin).
+    for (const at::Tensor& t : written_) {
+      graph_->add_write(index, t);
+    }
     std::vector<int64_t> outputs;
     outputs.reserve(fake_outputs.size());
     for (const at::Tensor& t : fake_outputs) {
@@ -400,9 +427,6 @@ class Recorder {
       impl->set_annotation(std::make_shared<RecordedFake>(graph_, value));
       impl->include_dispatch_key(kDeferredInitKey);
       outputs.push_back(value);
-    }
-    for (const at::Tensor& t : written_) {
-      graph_->add_write(index, t);
     }
     remember_real_reads(index);
     graph_->set_outputs(index, std::move(outputs));
@@ -466,8 +490,9 @@ at::Tensor read_values(const at::Tensor& t) {
               " outside the deferred_init that recorded it (", rec->graph->context(),
               "): values are read only while construction runs. Materialize it first "
               "(materialize_tensor), then read the real tensor.");
-  TORCH_INTERNAL_ASSERT(value_reader != nullptr, "torchdefer: no value reader is installed");
-  return value_reader(t);
+  const detail::ValueReader* reader = value_reader.load();
+  TORCH_INTERNAL_ASSERT(reader != nullptr, "torchdefer: no value reader is installed");
+  return reader->read(t);
 }
 
 namespace detail {
@@ -477,15 +502,18 @@ void deferred_init_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet k
   Recorder(op, stack).run(keys);
 }
 
-void set_value_reader(ValueReader reader) {
-  TORCH_INTERNAL_ASSERT(value_reader == nullptr, "torchdefer: the value reader is set twice");
-  value_reader = reader;
+void install_value_reader(const ValueReader& reader) {
+  const ValueReader* expected = nullptr;
+  TORCH_INTERNAL_ASSERT(
+      value_reader.compare_exchange_strong(expected, &reader) || expected == &reader,
+      "torchdefer: a second value reader is installed");
 }
+
+}  // namespace detail
 
 RecordingScope::RecordingScope(std::string context)
     : include_deferred_init_(kDeferredInitKey), saved_graph_(tls_graph) {
-  auto graph = std::make_shared<OpGraph>(std::move(context));
-  graph->set_counter_seed(default_generator_digest());
+  auto graph = std::make_shared<OpGraph>(std::move(context), detail::default_generator_digest());
   tls_open_recordings.push_back({graph.get(), {}});
   tls_graph = std::move(graph);
 }
@@ -493,8 +521,7 @@ RecordingScope::RecordingScope(std::string context)
 RecordingScope::~RecordingScope() {
   tls_open_recordings.pop_back();
   tls_graph = std::move(saved_graph_);
-  settle_generator();
+  detail::settle_generator();
 }
 
-}  // namespace detail
 }  // namespace torchdefer

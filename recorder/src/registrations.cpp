@@ -4,6 +4,7 @@
 #include <torchdefer/torch_compat.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/enum_tag.h>
 #include <c10/core/DispatchKey.h>
 #include <torch/library.h>
 
@@ -32,7 +33,9 @@ namespace {
 //     rules step aside for all but randperm.generator (2.13), whose composite torch's Python
 //     meta kernel for randperm.generator_out serves; the rule computes the same output.
 //     tests/python/test_registrations.py checks that nothing else changes.
-//  4. The replay engine installs itself as the recorder's value reader (value_reader.h), a
+//  4. The operator torchdefer::trunc_normal_ in torchdefer's own namespace (Note [trunc_normal_ as
+//     one operator]), which only the Python package calls while recording.
+//  5. The replay engine installs itself as the recorder's value reader (value_reader.h), a
 //     pointer only the recorder reads.
 //
 // Not at load, but when the first fake on a device type with no device guard at all is made
@@ -93,6 +96,15 @@ struct Registrations {
 const Registrations registrations;
 
 }  // namespace
+
+TORCH_LIBRARY(torchdefer, m) {
+  m.def("trunc_normal_(Tensor(a!) self, float mean, float std, float a, float b) -> Tensor(a!)",
+        {at::Tag::nondeterministic_seeded});
+}
+
+TORCH_LIBRARY_IMPL(torchdefer, CompositeExplicitAutograd, m) {
+  m.impl("trunc_normal_", &trunc_normal_kernel);
+}
 
 int registered_meta_rules() { return registrations.meta_rules; }
 

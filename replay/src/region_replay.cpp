@@ -1,5 +1,5 @@
 // Region replay (Note [Region replay]).
-#include "region_replay.h"
+#include <torchdefer/region_replay.h>
 
 #include <torchdefer/ambient_state.h>
 #include <torchdefer/boxed_arguments.h>
@@ -20,8 +20,8 @@
 #include <string_view>
 #include <utility>
 
+#include <torchdefer/replay.h>
 #include "recorded_ops.h"
-#include "replay.h"
 
 namespace torchdefer::detail {
 namespace {
@@ -208,8 +208,7 @@ bool is_factory(const RecordedNode& node) { return region_rule(node) == RegionRu
 // their concatenation, twice the slice. Splitting (split, chunk, unbind, split_with_sizes) needs
 // no rule: its outputs are views of its input, which box views already map.
 bool joins_inputs(const RecordedNode& node) {
-  return node.op.schema().overload_name().empty() &&
-         region_rule(node) == RegionRule::kJoinsInputs;
+  return node.op.schema().overload_name().empty() && region_rule(node) == RegionRule::kJoinsInputs;
 }
 
 // The fill value of a full, full_like or new_full call as recorded: an integer beyond double
@@ -283,10 +282,10 @@ at::Tensor slice(const at::Tensor& t, const Box& box) {
   return part;
 }
 
-RegionReplay::RegionReplay(std::shared_ptr<OpGraph> graph, const MaterializeOptions& options)
+RegionReplay::RegionReplay(std::shared_ptr<OpGraph> graph, ReplayConfig config)
     : graph_(std::move(graph)),
-      options_(options),
-      seed_(options.counter_seed().value_or(graph_->counter_seed())) {}
+      config_(std::move(config)),
+      seed_(config_.counter_seed.value_or(graph_->counter_seed())) {}
 
 bool RegionReplay::fail(std::string why) {
   why_ = std::move(why);
@@ -294,7 +293,7 @@ bool RegionReplay::fail(std::string why) {
 }
 
 c10::Device RegionReplay::device_of(const RecordedValue& value) const {
-  return options_.device().value_or(value.device);
+  return config_.device.value_or(value.device);
 }
 
 at::Tensor RegionReplay::allocate(const Box& region, const RecordedValue& like) {
@@ -420,12 +419,11 @@ at::Tensor RegionReplay::whole_then_sliced(int64_t value, const Box& box, int64_
 }
 
 at::Tensor RegionReplay::compute_whole(int64_t value, int64_t before) {
-  GraphReplay replay(graph_, options_);
+  GraphReplay replay(graph_, config_);
   replay.add_value(value);
   replay.stop_before(before);
   replay.plan();
-  replay.validate();
-  replay.execute();
+  replay.run();
   at::Tensor full = replay.result(0);
   bytes_computed_ += static_cast<int64_t>(full.storage().nbytes());
   return full;
@@ -437,7 +435,7 @@ std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedVal
   const std::string& name = node.op.schema().name();
   const std::string op = c10::toString(node.op.schema().operator_name());
   if (node.draws) {
-    if (options_.rng() != RngMode::kCounter || !has_counter_definition(node)) {
+    if (!config_.counter_rng || !has_counter_definition(node)) {
       fail(op);
       return std::nullopt;
     }
@@ -575,7 +573,7 @@ bool RegionReplay::apply_write(int64_t index, const RecordedValue& base, const B
   const Box& part_box = *met;
   at::Tensor part = view_part(local, region, *view, part_box);
   if (node.draws) {
-    return (options_.rng() == RngMode::kCounter &&
+    return (config_.counter_rng &&
             counter_fill_node(node, part, seed_, {target.sizes, part_box.start})) ||
            fail(op);
   }

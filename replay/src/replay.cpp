@@ -1,12 +1,13 @@
 // The replay engine: materializes a set of recorded fakes by running, in record order, the nodes
 // that write their storages and the storages those read.
-#include "replay.h"
+#include <torchdefer/replay.h>
 
 #include "recorded_ops.h"
 
 #include <torchdefer/ambient_state.h>
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/counter_rng.h>
+#include <torchdefer/fake_tensor.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/mt19937_jump.h>
 #include <torchdefer/node_stack.h>
@@ -38,6 +39,14 @@ namespace {
 // shallow_copy_from(), which cannot fail. An exception anywhere before the commit (a bad device,
 // out of memory, an op that throws) leaves every target fake and re-materializable, the real
 // tensors it read untouched, and the default generator as it was.
+//
+// Note [Shared storage stays shared]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A storage that is already real (materialized by an earlier call: a child module first) can
+// still be recomputed by a later replay, when a node of that replay reads it as it was before a
+// later write (`t0 = w.detach() * 2; w.data.normal_()` reads w before normal_). The recomputed
+// copy is private to that replay: a target viewing the storage becomes a view of the real storage
+// that already exists, and the graph keeps pointing at it, so every alias of it stays an alias.
 
 at::Tensor view_of(const c10::Storage& storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
                    int64_t offset, c10::ScalarType dtype) {
@@ -76,8 +85,8 @@ class GeneratorRestorer {
 
 }  // namespace
 
-GraphReplay::GraphReplay(std::shared_ptr<OpGraph> graph, const MaterializeOptions& options)
-    : graph_(std::move(graph)), options_(options) {}
+GraphReplay::GraphReplay(std::shared_ptr<OpGraph> graph, ReplayConfig config)
+    : graph_(std::move(graph)), config_(std::move(config)) {}
 
 void GraphReplay::add_target(const at::Tensor& fake) {
   targets_.push_back(fake);
@@ -103,7 +112,7 @@ void GraphReplay::plan() {
   for (const int64_t value : target_values_) {
     const int64_t storage = storage_of_value(value);
     const RecordedStorage& record = graph_->storages()[storage];
-    c10::intrusive_ptr<c10::StorageImpl> real = record.real.lock();
+    c10::intrusive_ptr<c10::StorageImpl> real = graph_->real_storage(storage);
     if (real && record.writers.back() < stop_before_) {
       available_.emplace(storage, c10::Storage(std::move(real)));
     } else {
@@ -136,6 +145,7 @@ void GraphReplay::plan() {
       }
     }
   }
+  validate();
 }
 
 // A storage that is already real can be read by `node` as it is if nothing recorded writes it
@@ -145,7 +155,7 @@ bool GraphReplay::readable_as_is(int64_t storage, int64_t node) {
   if (record.writers.back() > node) {
     return false;
   }
-  c10::intrusive_ptr<c10::StorageImpl> real = record.real.lock();
+  c10::intrusive_ptr<c10::StorageImpl> real = graph_->real_storage(storage);
   if (!real) {
     return false;
   }
@@ -154,7 +164,7 @@ bool GraphReplay::readable_as_is(int64_t storage, int64_t node) {
 }
 
 c10::Device GraphReplay::device_for(const RecordedValue& value) const {
-  return options_.device().value_or(value.device);
+  return config_.device.value_or(value.device);
 }
 
 void GraphReplay::validate() {
@@ -196,22 +206,44 @@ void GraphReplay::validate() {
       }
     }
     if (node.draws && node.draws->kind == RecordedDraws::Kind::kUnplaceable &&
-        options_.rng() == RngMode::kTorch) {
+        !config_.counter_rng) {
       TORCH_CHECK(false, "torchdefer: cannot replay ", op_name(node), " in deferred_init of ",
                   graph_->context(), " bit-exactly in torch RNG mode: ", node.draws->reason, ".");
     }
   }
 }
 
-at::Tensor GraphReplay::unmaterialized_foreign_fake() const {
+std::vector<at::Tensor> GraphReplay::foreign_fakes() const {
+  std::vector<at::Tensor> fakes;
+  std::set<const c10::TensorImpl*> seen;
   for (const int64_t index : nodes_) {
     for (const RecordedInput& input : graph_->nodes()[index].inputs) {
-      if (input.kind == RecordedInput::Kind::kForeignFake && is_fake(input.tensor)) {
-        return input.tensor;
+      if (input.kind == RecordedInput::Kind::kForeignFake && is_fake(input.tensor) &&
+          seen.insert(input.tensor.unsafeGetTensorImpl()).second) {
+        fakes.push_back(input.tensor);
       }
     }
   }
-  return at::Tensor();
+  return fakes;
+}
+
+const c10::Storage& GraphReplay::real_storage(int64_t storage) const {
+  const auto replayed = replayed_.find(storage);
+  return replayed != replayed_.end() ? replayed->second : available_.at(storage);
+}
+
+// A real tensor is read as it is; a fake of another recording through the value the caller
+// computed for it (Note [One materialization]).
+const at::Tensor& GraphReplay::foreign_value(const at::Tensor& t) const {
+  if (!is_fake(t)) {
+    return t;
+  }
+  const auto found = foreign_->find(t.unsafeGetTensorImpl());
+  TORCH_CHECK(found != foreign_->end(), "torchdefer: deferred_init of ", graph_->context(),
+              " read ", describe(t),
+              ", a fake of another deferred_init that this materialization does not compute. "
+              "Materialize that tensor first.");
+  return found->second;
 }
 
 at::Tensor GraphReplay::input_tensor(const RecordedInput& input, c10::Device node_device) {
@@ -220,17 +252,15 @@ at::Tensor GraphReplay::input_tensor(const RecordedInput& input, c10::Device nod
       return at::Tensor();
     case RecordedInput::Kind::kValue: {
       const RecordedValue& value = graph_->values()[input.value];
-      const auto replayed = replayed_.find(value.storage);
-      const c10::Storage& storage =
-          replayed != replayed_.end() ? replayed->second : available_.at(value.storage);
-      return view_of(storage, value.sizes, value.strides, value.storage_offset, value.dtype);
+      return view_of(real_storage(value.storage), value.sizes, value.strides, value.storage_offset,
+                     value.dtype);
     }
     case RecordedInput::Kind::kReal:
     case RecordedInput::Kind::kConstant:
     case RecordedInput::Kind::kForeignFake: {
-      const at::Tensor& t = input.tensor;
+      const at::Tensor& t = foreign_value(input.tensor);
       const bool moves =
-          options_.device() && t.device() != node_device && !(t.dim() == 0 && t.device().is_cpu());
+          config_.device && t.device() != node_device && !(t.dim() == 0 && t.device().is_cpu());
       return moves ? t.to(node_device) : t;
     }
   }
@@ -248,7 +278,7 @@ c10::Device GraphReplay::node_device(const RecordedNode& node) const {
       return device_for(graph_->values()[input.value]);
     }
   }
-  return options_.device().value_or(c10::Device(c10::kCPU));
+  return config_.device.value_or(c10::Device(c10::kCPU));
 }
 
 void GraphReplay::place_generator(const RecordedDraws& draws) {
@@ -289,7 +319,7 @@ uint64_t mix(uint64_t x) {
 // seed and their stream: still a function of the recording alone, so every rank agrees, but not
 // element-addressable. Returns false when the op should run normally after that seeding.
 bool GraphReplay::run_counter_node(int64_t index, const RecordedNode& node, c10::Device device) {
-  const uint64_t seed = options_.counter_seed().value_or(graph_->counter_seed());
+  const uint64_t seed = config_.counter_seed.value_or(graph_->counter_seed());
   if (!has_counter_definition(node)) {
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     const std::lock_guard<std::mutex> lock(generator.mutex());
@@ -325,13 +355,13 @@ void GraphReplay::check_replayed_output(const RecordedNode& node, const Recorded
 void GraphReplay::run_node(int64_t index) {
   const RecordedNode& node = graph_->nodes()[index];
   const c10::Device device = node_device(node);
-  if (node.draws && options_.rng() == RngMode::kCounter && run_counter_node(index, node, device)) {
+  if (node.draws && config_.counter_rng && run_counter_node(index, node, device)) {
     return;
   }
   torch::jit::Stack stack = node_stack(
       node, [&](size_t, const RecordedInput& input) { return input_tensor(input, device); },
       device);
-  if (node.draws && options_.rng() == RngMode::kTorch) {
+  if (node.draws && !config_.counter_rng) {
     place_generator(*node.draws);
   }
   const AmbientStateGuard ambient(node.ambient);
@@ -354,31 +384,27 @@ void GraphReplay::run_node(int64_t index) {
   }
 }
 
-void GraphReplay::execute(ProgressReporter* progress) {
-  // Fakes of other recordings that these nodes read are materialized first (they are real
-  // afterwards, and input_tensor() takes them as they are).
-  for (const int64_t index : nodes_) {
-    for (const RecordedInput& input : graph_->nodes()[index].inputs) {
-      if (input.kind == RecordedInput::Kind::kForeignFake && is_fake(input.tensor)) {
-        materialize_tensors_in_place({input.tensor}, options_, /*report_progress=*/false);
-      }
-    }
-  }
+void GraphReplay::run(const ForeignValues& foreign,
+                      const std::function<void(const std::string&)>& on_node) {
+  foreign_ = &foreign;
   RealOnlyGuard real_only;
   c10::AutoGradMode no_grad(false);
   GeneratorRestorer restore_generator;
   for (const int64_t index : nodes_) {
     run_node(index);
-    if (progress != nullptr) {
-      progress->step(op_name(graph_->nodes()[index]));
+    if (on_node) {
+      on_node(op_name(graph_->nodes()[index]));
     }
   }
+  foreign_ = nullptr;
   views_.reserve(targets_.size());
   for (size_t i = 0; i < targets_.size(); ++i) {
     const RecordedValue& value = graph_->values()[target_values_[i]];
-    const auto replayed = replayed_.find(value.storage);
+    // Note [Shared storage stays shared]: a target whose storage is already real becomes a view
+    // of that storage even when this replay recomputed it (to read an older version of it).
+    const auto available = available_.find(value.storage);
     const c10::Storage& real =
-        replayed != replayed_.end() ? replayed->second : available_.at(value.storage);
+        available != available_.end() ? available->second : real_storage(value.storage);
     const at::Tensor& t = targets_[i];
     views_.push_back(
         t.defined() ? view_of(real, t.sizes(), t.strides(), t.storage_offset(), t.scalar_type())
@@ -392,43 +418,11 @@ void GraphReplay::commit() noexcept {
     if (impl == nullptr) {
       continue;  // a value computed for the caller, or listed twice (a tied weight), already real
     }
-    graph_->set_real(storage_of_value(target_values_[i]), views_[i].storage());
+    const int64_t storage = storage_of_value(target_values_[i]);
+    if (available_.count(storage) == 0) {
+      graph_->set_real_storage(storage, views_[i].storage());
+    }
     impl->shallow_copy_from(views_[i].getIntrusivePtr());
-  }
-}
-
-void materialize_tensors_in_place(const std::vector<at::Tensor>& tensors,
-                                  const MaterializeOptions& options, bool report_progress) {
-  std::map<const OpGraph*, std::unique_ptr<GraphReplay>> replays;
-  for (const at::Tensor& t : tensors) {
-    if (!is_fake(t)) {
-      continue;
-    }
-    const RecordedFake* rec = recorded(t);
-    TORCH_CHECK(rec != nullptr, "torchdefer: cannot materialize ", describe(t),
-                ": it was made under a FakeMode, which records nothing. Create it under "
-                "torchdefer::deferred_init to be able to materialize it.");
-    auto& replay = replays[rec->graph.get()];
-    if (!replay) {
-      replay = std::make_unique<GraphReplay>(rec->graph, options);
-    }
-    replay->add_target(t);
-  }
-  for (auto& [graph, replay] : replays) {
-    const std::lock_guard<std::mutex> lock(const_cast<OpGraph*>(graph)->mutex());
-    replay->plan();
-    replay->validate();
-  }
-  int64_t total = 0;
-  for (auto& [graph, replay] : replays) {
-    total += replay->planned_nodes();
-  }
-  ProgressReporter progress(options, total);
-  for (auto& [graph, replay] : replays) {
-    replay->execute(report_progress ? &progress : nullptr);
-  }
-  for (auto& [graph, replay] : replays) {
-    replay->commit();
   }
 }
 

@@ -2,7 +2,7 @@
 
 #include <c10/core/TensorImpl.h>
 
-#include "replay.h"
+#include <torchdefer/replay.h>
 
 #include <algorithm>
 

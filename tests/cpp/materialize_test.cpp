@@ -294,6 +294,107 @@ TEST(Materialize, SharesStorageBetweenAFakeAndItsViewsMaterializedLater) {
   EXPECT_TRUE(bitwise_equal(view, base.t()));
 }
 
+// #11 class 8: the child's weight is real when the parent is materialized, and the parent's
+// replay recomputes it only to read it as it was before normal_().
+struct ChildFirstAliasImpl : nn::Module {
+  ChildFirstAliasImpl() {
+    c0 = register_module("c0", nn::Linear(3, 3));
+    const at::Tensor t0 = c0->weight.detach() * 2;
+    c0->weight.data().normal_();
+    b0 = register_buffer("b0", c0->weight.detach());
+    p0 = register_parameter("p0", t0.clone());
+  }
+  nn::Linear c0{nullptr};
+  at::Tensor b0;
+  at::Tensor p0;
+};
+TORCH_MODULE(ChildFirstAlias);
+
+TEST(Materialize, KeepsABufferAliasingAChildsWeightWhenTheChildIsMaterializedFirst) {
+  torch::manual_seed(3);
+  ChildFirstAlias eager;
+  torch::manual_seed(3);
+  auto model = deferred_init([] { return ChildFirstAlias(); });
+  materialize_module(*model->c0);
+  materialize_module(*model);
+  EXPECT_EQ(model->b0.data_ptr(), model->c0->weight.data_ptr());
+  expect_same_tensors(*eager, *model);
+}
+
+TEST(Materialize, WhereWithAScalarOnRealTensorsIsRealAndAnInPlaceOpOnItRunsEagerly) {
+  // torch.where(cond, t, 1.5) wraps 1.5 into a tensor inside its composite kernel; with only real
+  // inputs the whole op is real (Note [Ops on real tensors run for real]).
+  const at::Tensor t = torch::tensor({1.0f, -1.0f, 2.0f});
+  const auto program = [&] {
+    at::Tensor t1 = torch::where(t > 0, t, 1.5);
+    t1.pow_(2);
+    return t1;
+  };
+  const at::Tensor eager = program();
+  const at::Tensor deferred = deferred_init(program);
+  EXPECT_FALSE(is_fake(deferred));
+  EXPECT_TRUE(bitwise_equal(deferred, eager));
+}
+
+TEST(Materialize, WhereWithAScalarAndAnInPlaceOpOnARecordedConstantMaterializesToEager) {
+  // The program of #10 that recursed until the stack overflowed.
+  const auto program = [] {
+    const at::Tensor t = torch::tensor({1.0f, -1.0f, 2.0f});
+    at::Tensor t1 = torch::where(t > 0, t, 1.5);
+    t1.pow_(2);
+    return t1;
+  };
+  const at::Tensor eager = program();
+  const at::Tensor deferred = deferred_init(program);
+  materialize_tensor(deferred);
+  EXPECT_TRUE(bitwise_equal(deferred, eager));
+}
+
+TEST(Materialize, ReadsAFakeOfAnotherRecordingAndCommitsBothTogether) {
+  torch::manual_seed(5);
+  const at::Tensor eager_a = torch::randn({4});
+  const at::Tensor eager_b = eager_a * 2 + 1;
+  torch::manual_seed(5);
+  at::Tensor a = deferred_init([] { return torch::randn({4}); });
+  at::Tensor b = deferred_init([&] { return a * 2 + 1; });
+  MaterializeOptions throwing;
+  throwing.progress([](const MaterializeProgress& p) {
+    if (p.done == p.total) {
+      throw std::runtime_error("stop at the last op");
+    }
+  });
+  EXPECT_THROW(materialize_tensor(b, throwing), std::runtime_error);
+  EXPECT_TRUE(is_fake(a));
+  EXPECT_TRUE(is_fake(b));
+  materialize_tensor(b);
+  EXPECT_FALSE(is_fake(a));
+  EXPECT_FALSE(is_fake(b));
+  EXPECT_TRUE(bitwise_equal(a, eager_a));
+  EXPECT_TRUE(bitwise_equal(b, eager_b));
+}
+
+TEST(MaterializeErrors, RecordingsThatReadEachOthersFakesAreRefusedAndLoseNothing) {
+  at::Tensor a = deferred_init([] { return torch::ones({3}); });
+  at::Tensor b = deferred_init([&] { return a * 2; });
+  a.add_(b);  // recorded into a's recording, reading b
+  const std::string message = error_of([&] { materialize_tensor(a); });
+  EXPECT_THAT(message, HasSubstr("none of them can be replayed first"));
+  EXPECT_TRUE(is_fake(a));
+  EXPECT_TRUE(is_fake(b));
+}
+
+TEST(MaterializeErrors, AWriteIntoAFakeModeFakeDuringRecordingIsRefusedAtMaterialization) {
+  at::Tensor plain;
+  {
+    FakeMode fake;
+    plain = torch::ones({3});
+  }
+  at::Tensor written = deferred_init([&] { return plain.pow_(2); });
+  EXPECT_THAT(error_of([&] { materialize_tensor(written); }),
+              HasSubstr("wrote into a fake that deferred_init did not create"));
+  EXPECT_TRUE(is_fake(written));
+}
+
 TEST(Materialize, CheckFnSkipsSubtrees) {
   auto model = deferred_init([] {
     return nn::ModuleList(nn::Linear(4, 4), nn::ModuleList(nn::Linear(4, 4), nn::Linear(4, 2)));

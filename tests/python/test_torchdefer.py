@@ -257,6 +257,53 @@ def test_children_first_then_the_rest_leaves_children_untouched():
     assert_same_state(eager, deferred)
 
 
+class ChildFirstAlias(torch.nn.Module):
+    """#11 class 8: a buffer aliasing a child's weight, and a parameter computed from that weight
+    before it was written again."""
+
+    def __init__(self):
+        super().__init__()
+        self.c0 = torch.nn.Linear(3, 3)
+        t0 = self.c0.weight.detach() * 2
+        self.c0.weight.data.normal_()
+        self.register_buffer("b0", self.c0.weight.detach())
+        self.p0 = torch.nn.Parameter(t0.clone())
+
+
+@pytest.mark.parametrize("child_first", [True, False])
+def test_a_buffer_aliasing_a_childs_weight_stays_an_alias_in_either_order(child_first):
+    eager, deferred = eager_and_deferred(ChildFirstAlias)
+    if child_first:
+        torchdefer.materialize_module(deferred.c0)
+    torchdefer.materialize_module(deferred)
+    assert deferred.b0.data_ptr() == deferred.c0.weight.data_ptr()
+    assert_same_state(eager, deferred)
+
+
+class WhereWithAScalar(torch.nn.Module):
+    """#10's crash program: torch.where with a Python scalar on real tensors, then pow_."""
+
+    def __init__(self):
+        super().__init__()
+        t = torch.tensor([1.0, -1.0, 2.0])
+        t1 = torch.where(t > 0, t, 1.5)
+        t1.pow_(2)
+        self.register_buffer("x", t1)
+
+
+def test_where_with_a_python_scalar_on_real_tensors_materializes_to_eager():
+    eager, deferred = eager_and_deferred(WhereWithAScalar)
+    torchdefer.materialize_module(deferred)
+    assert_same_state(eager, deferred)
+
+
+def test_where_with_a_python_scalar_on_real_tensors_is_real_not_an_unrecorded_fake():
+    t = torch.tensor([1.0, -1.0, 2.0])
+    result = torchdefer.deferred_init(lambda: torch.where(t > 0, t, 1.5))
+    assert not torchdefer.is_fake(result)
+    assert bitwise_equal(result, torch.where(t > 0, t, 1.5))
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 8, 16])
 def test_shards_of_every_world_size_concatenate_to_the_full_counter_model(world):
     def record():

@@ -8,6 +8,8 @@
 //   }
 #pragma once
 
+#include <torchdefer/export.h>
+
 #include <ATen/core/TensorBase.h>
 #include <c10/core/Device.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -18,11 +20,11 @@
 namespace torchdefer {
 
 // True if `t` is a fake tensor: it has shape, dtype and device but no storage.
-bool is_fake(const at::TensorBase& t) noexcept;
+TORCHDEFER_API bool is_fake(const at::TensorBase& t) noexcept;
 
 // A one-line description that never touches data, e.g. "fake float32[4096, 4096] on cuda:0" or
 // "float32[3] on cpu" for a real tensor. Used by every error message about a tensor.
-std::string describe(const at::TensorBase& t);
+TORCHDEFER_API std::string describe(const at::TensorBase& t);
 
 // While a FakeMode lives on this thread, every factory function (empty, zeros, randn, arange,
 // tensor, ...) returns a fake tensor. Ops on fakes return fakes with or without a FakeMode.
@@ -33,7 +35,7 @@ std::string describe(const at::TensorBase& t);
 // means index 0: a fake CUDA tensor never asks the driver which device is current, so CUDA is
 // never initialized and no GPU or driver needs to be present. FakeModes nest and are
 // exception-safe; they are not shared between threads.
-class FakeMode {
+class TORCHDEFER_API FakeMode {
  public:
   FakeMode();
   explicit FakeMode(c10::Device default_device);

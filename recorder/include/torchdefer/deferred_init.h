@@ -5,6 +5,7 @@
 //   auto model = torchdefer::deferred_init([&] { return Llama(config); });
 #pragma once
 
+#include <torchdefer/export.h>
 #include <torchdefer/fake_tensor.h>
 
 #include <ATen/core/Tensor.h>
@@ -20,13 +21,13 @@ namespace torchdefer {
 
 class OpGraph;
 
-namespace detail {
-
-// While a RecordingScope lives on a thread, factories return fakes (as under FakeMode) and every
-// operator on fakes is recorded into a new OpGraph (Note [The op graph]). Scopes nest, each with
-// its own graph; a scope that unwinds because construction threw leaves no key in TLS, and its
-// graph goes away with the fakes that referred to it.
-class RecordingScope {
+// What deferred_init opens around construction; exported for bindings that open and close it
+// themselves (the Python package's deferred_init). While a RecordingScope lives on a thread,
+// factories return fakes (as under FakeMode) and every operator on fakes is recorded into a new
+// OpGraph (Note [The op graph]). Scopes nest, each with its own graph; a scope that unwinds
+// because construction threw leaves no key in TLS, and its graph goes away with the fakes that
+// referred to it.
+class TORCHDEFER_API RecordingScope {
  public:
   explicit RecordingScope(std::string context);
   ~RecordingScope();
@@ -39,14 +40,12 @@ class RecordingScope {
   std::shared_ptr<OpGraph> saved_graph_;
 };
 
-}  // namespace detail
-
 // Constructs `ModuleHolder(args...)` (a torch::nn module holder such as torch::nn::Linear, or any
 // type) with its parameters and buffers fake and their initialization recorded.
 template <typename ModuleHolder, typename... Args,
           std::enable_if_t<std::is_constructible_v<ModuleHolder, Args&&...>, int> = 0>
 ModuleHolder deferred_init(Args&&... args) {
-  detail::RecordingScope scope(c10::demangle_type<ModuleHolder>());
+  RecordingScope scope(c10::demangle_type<ModuleHolder>());
   return ModuleHolder(std::forward<Args>(args)...);
 }
 
@@ -56,7 +55,7 @@ ModuleHolder deferred_init(Args&&... args) {
 template <int&... ExplicitArgumentBarrier, typename F, typename... Args,
           std::enable_if_t<std::is_invocable_v<F&&, Args&&...>, int> = 0>
 std::invoke_result_t<F&&, Args&&...> deferred_init(F&& f, Args&&... args) {
-  detail::RecordingScope scope(c10::demangle_type<std::decay_t<F>>());
+  RecordingScope scope(c10::demangle_type<std::decay_t<F>>());
   return std::invoke(std::forward<F>(f), std::forward<Args>(args)...);
 }
 
@@ -66,11 +65,11 @@ std::invoke_result_t<F&&, Args&&...> deferred_init(F&& f, Args&&... args) {
 // recorded ops behind `t` and changes nothing else (Note [Reading values while recording]).
 // Returns `t` itself when it is real; raises for a fake of a FakeMode or of a recording that is not
 // the one in progress on this thread.
-at::Tensor read_values(const at::Tensor& t);
+TORCHDEFER_API at::Tensor read_values(const at::Tensor& t);
 
 // The recorded operations that will produce `t`'s data, in order, one line, e.g.
 // "empty([4096, 4096]) → uniform_(-0.015625, 0.015625)". Says so when `t` is real or a fake that
 // nothing recorded.
-std::string explain(const at::Tensor& t);
+TORCHDEFER_API std::string explain(const at::Tensor& t);
 
 }  // namespace torchdefer

@@ -2,6 +2,8 @@
 // what a materialized shard remembers about the tensor it came from.
 #pragma once
 
+#include <torchdefer/export.h>
+
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
@@ -18,12 +20,12 @@ struct Box {
   std::vector<int64_t> start;
   std::vector<int64_t> stop;
 
-  std::vector<int64_t> sizes() const;
+  TORCHDEFER_API std::vector<int64_t> sizes() const;
   bool operator==(const Box& other) const { return start == other.start && stop == other.stop; }
 };
 
 // The whole of a tensor of `sizes`.
-Box whole(c10::IntArrayRef sizes);
+TORCHDEFER_API Box whole(c10::IntArrayRef sizes);
 
 // Rank `rank` of `world_size` along `dim`, with torch.chunk semantics: chunks of
 // ceil(size / world_size) elements, so trailing ranks may hold fewer or none. With `padded`, the
@@ -36,7 +38,7 @@ struct Shard {
   bool padded = false;
 
   // This rank's box of a tensor of `global_sizes`, or nullopt to replicate it.
-  std::optional<Box> box_for(c10::IntArrayRef global_sizes) const;
+  TORCHDEFER_API std::optional<Box> box_for(c10::IntArrayRef global_sizes) const;
 
   // The torch.chunk size of a dimension of `size` elements: ceil(size / world_size).
   int64_t chunk_size(int64_t size) const { return (size + world_size - 1) / world_size; }
@@ -55,6 +57,6 @@ struct ShardInfo {
 };
 
 // The shard `t` holds, or nullopt if it is not a shard (a whole tensor, or still fake).
-std::optional<ShardInfo> shard_info(const at::Tensor& t);
+TORCHDEFER_API std::optional<ShardInfo> shard_info(const at::Tensor& t);
 
 }  // namespace torchdefer

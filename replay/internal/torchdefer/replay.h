@@ -1,11 +1,12 @@
-// The replay engine behind materialize_*: one GraphReplay per recorded graph.
+// The replay engine: runs the recorded nodes that produce a set of values of one OpGraph into
+// storages private to the replay, and turns target fakes real in place when told to.
 #pragma once
 
-#include <torchdefer/materialize.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/shard.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/Storage.h>
 
 #include <cstdint>
@@ -13,35 +14,33 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace torchdefer::detail {
 
-// Reports to MaterializeOptions::progress, counting across one whole materialization call
-// (Note [Progress]). Does nothing without a callback.
-class ProgressReporter {
- public:
-  ProgressReporter(const MaterializeOptions& options, int64_t total)
-      : callback_(options.progress()), total_(total) {}
-  void step(const std::string& what) {
-    if (callback_) {
-      callback_({++done_, total_, what});
-    }
-  }
-
- private:
-  const std::function<void(const MaterializeProgress&)>& callback_;
-  int64_t done_ = 0;
-  int64_t total_;
+// What a replay needs to know from the caller: the narrow part of MaterializeOptions.
+struct ReplayConfig {
+  // Where real tensors are created; by default the device each value was recorded on.
+  std::optional<c10::Device> device;
+  // Counter RNG (Note [Counter RNG]) instead of PyTorch's default generator.
+  bool counter_rng = false;
+  // The counter RNG seed; by default the recording's own (OpGraph::counter_seed()).
+  std::optional<uint64_t> counter_seed;
 };
 
-// Materializes fakes of one OpGraph: plan(), validate(), execute(), commit(), in that order
-// (Note [Replay is all or nothing]).
+// Real tensors standing in for fakes of other recordings that a replay reads, by TensorImpl
+// (Note [One materialization]).
+using ForeignValues = std::unordered_map<const c10::TensorImpl*, at::Tensor>;
+
+// Materializes values of one OpGraph: plan(), run(), then commit() (Note [Replay is all or
+// nothing]). Callers hold the graph's lock (OpGraph::lock()) around plan().
 class GraphReplay {
  public:
-  GraphReplay(std::shared_ptr<OpGraph> graph, const MaterializeOptions& options);
+  GraphReplay(std::shared_ptr<OpGraph> graph, ReplayConfig config);
 
   void add_target(const at::Tensor& fake);
   // A recorded value to compute but not commit (region replay's whole inputs); result() only.
@@ -49,36 +48,44 @@ class GraphReplay {
   // Replays only nodes recorded before `node`: the targets as that node read them (Note [Reading a
   // value as it was]). Call before plan().
   void stop_before(int64_t node) { stop_before_ = node; }
-  // Finds the storages to replay and the nodes that write them.
+
+  // Finds the storages to replay and the nodes that write them, and raises, naming the op or the
+  // tensor, for anything that would make run() fail or lie (a device that does not exist, a real
+  // input modified since recording, a random op that cannot be placed).
   void plan();
-  // Raises, naming the op or tensor, for anything that would make execute() fail or lie.
-  void validate();
-  // After plan(): a fake of another recording that the planned nodes read and that is still fake
-  // (execute() materializes those in place first), or an undefined tensor if there is none.
-  at::Tensor unmaterialized_foreign_fake() const;
-  // After plan(): how many nodes execute() will run.
+  // After plan(): the fakes of other recordings that the planned nodes read and that are still
+  // fake; run() needs a real value for each.
+  std::vector<at::Tensor> foreign_fakes() const;
+  // After plan(): how many nodes run() will run.
   int64_t planned_nodes() const { return static_cast<int64_t>(nodes_.size()); }
-  // Runs the planned nodes into storages private to this replay, reporting each to `progress`.
-  void execute(ProgressReporter* progress = nullptr);
-  // Turns every target real, in place. Cannot fail.
-  void commit() noexcept;
-  // After execute(): the real tensor target `i` would become, without turning it real.
+  // Runs the planned nodes into storages private to this replay, calling `on_node` (if set) with
+  // each node's op name after it ran. `foreign` holds a real value for every foreign_fakes().
+  void run(const ForeignValues& foreign = {},
+           const std::function<void(const std::string&)>& on_node = nullptr);
+  // After run(): the real tensor target `i` becomes, without turning it real.
   const at::Tensor& result(size_t i) const { return views_.at(i); }
+  // Turns every target real, in place, and records the storages it computed in the graph.
+  // Cannot fail.
+  void commit() noexcept;
 
  private:
   int64_t storage_of_value(int64_t value) const;
   bool readable_as_is(int64_t storage, int64_t node);
+  void validate();
   c10::Device device_for(const RecordedValue& value) const;
   c10::Device node_device(const RecordedNode& node) const;
   at::Tensor input_tensor(const RecordedInput& input, c10::Device node_device);
+  const at::Tensor& foreign_value(const at::Tensor& t) const;
   void place_generator(const RecordedDraws& draws);
   bool run_counter_node(int64_t index, const RecordedNode& node, c10::Device device);
   void check_replayed_output(const RecordedNode& node, const RecordedValue& value,
                              const at::Tensor& real) const;
   void run_node(int64_t index);
+  const c10::Storage& real_storage(int64_t storage) const;
 
   std::shared_ptr<OpGraph> graph_;
-  const MaterializeOptions& options_;
+  ReplayConfig config_;
+  const ForeignValues* foreign_ = nullptr;     // set during run()
   std::vector<at::Tensor> targets_;            // undefined for add_value() targets
   std::vector<int64_t> target_values_;         // per target, its recorded value
   std::vector<at::Tensor> views_;              // per target, the real view it becomes
@@ -93,10 +100,5 @@ class GraphReplay {
 
 // Records in a materialized shard what it holds (read back by shard_info()).
 void set_shard_info(const at::Tensor& t, ShardInfo info);
-
-// materialize_tensors() without argument checks: groups fakes by graph and replays each group,
-// reporting each replayed node to the progress callback when `report_progress`.
-void materialize_tensors_in_place(const std::vector<at::Tensor>& tensors,
-                                  const MaterializeOptions& options, bool report_progress = true);
 
 }  // namespace torchdefer::detail

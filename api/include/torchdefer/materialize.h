@@ -7,6 +7,7 @@
 #pragma once
 
 #include <torchdefer/deferred_init.h>
+#include <torchdefer/export.h>
 #include <torchdefer/shard.h>
 
 #include <ATen/core/Tensor.h>
@@ -51,7 +52,7 @@ struct TensorStats {
 struct MaterializeStats {
   std::vector<TensorStats> tensors;
   // One line per tensor and a total, for logs and the demo.
-  std::string to_string() const;
+  TORCHDEFER_API std::string to_string() const;
 };
 
 // Note [Progress]
@@ -61,9 +62,9 @@ struct MaterializeStats {
 // is its name, e.g. "aten::normal_"), counted over every recording the call replays, so that a
 // long single replay shows movement. A sharded call's step is one tensor (`op` is its qualified
 // name): region replay plans each tensor's operations only when it computes that tensor, so
-// their number is not known up front. Fakes of other recordings that a replay reads are
-// materialized on the way and not counted. An exception thrown by the callback aborts the call,
-// which then leaves everything fake (Note [Replay is all or nothing]).
+// their number is not known up front. The operations that compute fakes of other recordings a
+// replay reads are counted too (Note [One materialization]). An exception thrown by the callback
+// aborts the call, which then leaves everything fake (Note [Replay is all or nothing]).
 struct MaterializeProgress {
   int64_t done = 0;
   int64_t total = 0;
@@ -145,20 +146,21 @@ class MaterializeOptions {
 // member and container holding it sees the real tensor. Returns `t`. A real tensor is returned
 // untouched. On failure (a device that does not exist, a real input mutated since recording,
 // out of memory) `t` is still fake and can be materialized again.
-at::Tensor materialize_tensor(const at::Tensor& t, const MaterializeOptions& options = {});
+TORCHDEFER_API at::Tensor materialize_tensor(const at::Tensor& t,
+                                             const MaterializeOptions& options = {});
 
 // Materializes several tensors in one replay: storages they share are computed once and stay
 // shared. Either all of them turn real or, on failure, none does.
-void materialize_tensors(const std::vector<at::Tensor>& tensors,
-                         const MaterializeOptions& options = {});
+TORCHDEFER_API void materialize_tensors(const std::vector<at::Tensor>& tensors,
+                                        const MaterializeOptions& options = {});
 
 // Materializes the fake parameters and buffers of `module` and its children (honoring
 // check_fn and buffers_only), whole or, with shard()/region(), as this rank's slices. Tensors
 // that were materialized before are not touched; tensors that never were fake are not touched
 // either, except that shard()/region() slices them too (Note [Real tensors of a sharded module]).
 // Returns what it did per tensor.
-MaterializeStats materialize_module(torch::nn::Module& module,
-                                    const MaterializeOptions& options = {});
+TORCHDEFER_API MaterializeStats materialize_module(torch::nn::Module& module,
+                                                   const MaterializeOptions& options = {});
 
 // A tensor of a module, by qualified name, for callers that walk their own module trees (the
 // Python package). Shard layouts split parameters and keep buffers whole.
@@ -169,10 +171,10 @@ struct NamedTensor {
 };
 
 // materialize_module for a list of named tensors (check_fn and buffers_only are the caller's).
-MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tensors,
-                                           const MaterializeOptions& options = {});
+TORCHDEFER_API MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tensors,
+                                                          const MaterializeOptions& options = {});
 
 // True if any parameter or buffer of `module` or its children is still fake.
-bool is_deferred(const torch::nn::Module& module);
+TORCHDEFER_API bool is_deferred(const torch::nn::Module& module);
 
 }  // namespace torchdefer

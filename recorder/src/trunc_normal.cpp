@@ -1,14 +1,15 @@
 // torchdefer::trunc_normal_: torch.nn.init.trunc_normal_ as one operator, so that recording sees
 // one random op instead of a rejection loop whose length depends on the values drawn.
+#include "recorder_kernels.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 
-namespace torchdefer {
+namespace torchdefer::detail {
 namespace {
 
 // Note [trunc_normal_ as one operator]
@@ -84,7 +85,9 @@ void accept_uniform_candidates(at::Tensor& self, double mean, double std, double
   self.copy_(result);
 }
 
-at::Tensor& trunc_normal_(at::Tensor& self, double mean, double std, double a, double b) {
+}  // namespace
+
+at::Tensor& trunc_normal_kernel(at::Tensor& self, double mean, double std, double a, double b) {
   if (self.is_meta()) {
     return self;
   }
@@ -98,15 +101,4 @@ at::Tensor& trunc_normal_(at::Tensor& self, double mean, double std, double a, d
   return self;
 }
 
-}  // namespace
-
-TORCH_LIBRARY(torchdefer, m) {
-  m.def("trunc_normal_(Tensor(a!) self, float mean, float std, float a, float b) -> Tensor(a!)",
-        {at::Tag::nondeterministic_seeded});
-}
-
-TORCH_LIBRARY_IMPL(torchdefer, CompositeExplicitAutograd, m) {
-  m.impl("trunc_normal_", &trunc_normal_);
-}
-
-}  // namespace torchdefer
+}  // namespace torchdefer::detail

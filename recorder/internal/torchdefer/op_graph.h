@@ -68,9 +68,6 @@ struct RecordedStorage {
   int64_t creator = -1;          // the node that created it
   int64_t base_value = -1;       // the value that node returned for it
   std::vector<int64_t> writers;  // the creator, then every in-place or out= write, in order
-  // Set by the replay engine once the storage is materialized, so that every later fake viewing
-  // it (a tied weight, a view registered as a buffer) shares that real storage while it lives.
-  c10::weak_intrusive_ptr<c10::StorageImpl> real{c10::intrusive_ptr<c10::StorageImpl>()};
 };
 
 // Where a random op's draws start in torch RNG mode (Note [Torch-mode draw offsets]).
@@ -101,7 +98,8 @@ struct RecordedNode {
 class OpGraph {
  public:
   // `context` names what was being constructed, for error messages ("torch::nn::LinearImpl").
-  explicit OpGraph(std::string context);
+  // `counter_seed` is the counter RNG seed of this recording (Note [Counter RNG]).
+  OpGraph(std::string context, uint64_t counter_seed);
   ~OpGraph();
   OpGraph(const OpGraph&) = delete;
   OpGraph& operator=(const OpGraph&) = delete;
@@ -146,15 +144,17 @@ class OpGraph {
 
   // The counter RNG seed: a digest of the default generator's state when recording began.
   uint64_t counter_seed() const { return counter_seed_; }
-  void set_counter_seed(uint64_t seed) { counter_seed_ = seed; }
 
-  // Called by the replay engine when it materialized `storage` into `real`.
-  void set_real(int64_t storage, const c10::Storage& real) {
-    storages_[storage].real = real.getWeakStorageImpl();
-  }
+  // The real storage that a committed replay materialized `storage` into, while it lives, so that
+  // every later fake viewing it (a tied weight, a view registered as a buffer) shares it; null
+  // before that.
+  c10::intrusive_ptr<c10::StorageImpl> real_storage(int64_t storage) const;
+  // Called by the replay engine's commit when it materialized `storage` into `real`.
+  void set_real_storage(int64_t storage, const c10::Storage& real);
 
-  // Serializes recording from several threads into one graph.
-  std::mutex& mutex() { return mutex_; }
+  // Serializes recording into this graph with replays planning from it: the recorder holds the
+  // lock while it appends one node, a materialization while it plans.
+  [[nodiscard]] std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mutex_); }
 
  private:
   int64_t storage_of(const FakeTensorImpl& fake, int64_t node);
@@ -163,10 +163,12 @@ class OpGraph {
   std::vector<RecordedNode> nodes_;
   std::vector<RecordedValue> values_;
   std::vector<RecordedStorage> storages_;
+  // Per storage, what set_real_storage() recorded.
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> real_storages_;
   std::unordered_map<const c10::StorageImpl*, int64_t> storage_index_;
   std::vector<at::Tensor> rng_anchors_;
   uint64_t random_ops_ = 0;
-  uint64_t counter_seed_ = 0;
+  const uint64_t counter_seed_;
   std::mutex mutex_;
 };
 

@@ -3,6 +3,7 @@
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/materialize.h>
 #include <torchdefer/torch_compat.h>
+#include <torchdefer/value_reader.h>
 
 #include <c10/core/GradMode.h>
 #include <c10/util/StringUtil.h>
@@ -14,8 +15,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "region_replay.h"
-#include "replay.h"
+#include "materialization.h"
 
 namespace torchdefer {
 namespace {
@@ -120,68 +120,11 @@ std::optional<Box> box_of(const NamedTensor& entry, const MaterializeOptions& op
   return box;
 }
 
-// A shard that owns exactly its elements, padded to the chunk size when the options ask.
-at::Tensor own(at::Tensor local, const Box& box, const MaterializeOptions& options,
-               const NamedTensor& entry) {
-  if (!local.is_contiguous() || local.storage().nbytes() != local.nbytes()) {
-    local = local.clone(at::MemoryFormat::Contiguous);
-  }
-  if (!options.shard() || !options.shard()->padded || options.region()) {
-    return local;
-  }
-  const Shard& shard = *options.shard();
-  const int64_t size = entry.tensor.size(shard.dim);
-  const int64_t chunk = shard.chunk_size(size);
-  if (local.size(shard.dim) == chunk) {
-    return local;
-  }
-  std::vector<int64_t> padded_sizes = box.sizes();
-  padded_sizes[shard.dim] = chunk;
-  at::Tensor padded = at::zeros(padded_sizes, local.options());
-  padded.narrow(shard.dim, 0, local.size(shard.dim)).copy_(local);
-  return padded;
-}
-
-// One sharded tensor's local values, by region replay or, failing that, whole and sliced.
-at::Tensor compute_shard(const NamedTensor& entry, const Box& box,
-                         const MaterializeOptions& options, TensorStats& stats) {
-  const RecordedFake* rec = recorded(entry.tensor);
-  TORCH_CHECK(rec != nullptr, "torchdefer: cannot materialize '", entry.name, "' (",
-              describe(entry.tensor), "): it was made under a FakeMode, which records nothing.");
-  std::shared_ptr<OpGraph> graph = rec->graph;
-  const std::lock_guard<std::mutex> lock(graph->mutex());
-  RealOnlyGuard real_only;
-  c10::AutoGradMode no_grad(false);
-  detail::RegionReplay region(graph, options);
-  if (std::optional<at::Tensor> local = region.local(rec->value, box)) {
-    stats.sliced = true;
-    stats.fallback = c10::Join(", ", region.whole_inputs());
-    stats.bytes_computed = region.bytes_computed();
-    return own(*local, box, options, entry);
-  }
-  stats.fallback = region.why();
-  detail::GraphReplay whole_tensor(graph, options);
-  whole_tensor.add_target(entry.tensor);
-  whole_tensor.plan();
-  whole_tensor.validate();
-  whole_tensor.execute();
-  const at::Tensor& full = whole_tensor.result(0);
-  stats.bytes_computed = static_cast<int64_t>(full.nbytes());
-  return own(detail::slice(full, box), box, options, entry);
-}
-
-// A real tensor's slice, waiting to be put in place with the shards.
-struct RealShard {
-  at::Tensor tensor;
-  at::Tensor local;
-  ShardInfo info;
-};
-
 // Plans the slice of a tensor that was real at record time (Note [Real tensors of a sharded
 // module]): its box, copied so that the rest of it can be freed, on the requested device. A
 // parameter it keeps whole is still reported; a buffer it keeps whole is not, as before.
 void plan_real(const NamedTensor& entry, const MaterializeOptions& options, MaterializeStats& stats,
-               std::vector<RealShard>& reals) {
+               detail::Materialization& materialization) {
   TensorStats tensor_stats;
   tensor_stats.name = entry.name;
   tensor_stats.global_sizes = entry.tensor.sizes().vec();
@@ -194,33 +137,24 @@ void plan_real(const NamedTensor& entry, const MaterializeOptions& options, Mate
     }
     return;
   }
-  at::Tensor local = detail::slice(entry.tensor.detach(), *box);
-  if (options.device()) {
-    local = local.to(*options.device());
-  }
-  local = own(local, *box, options, entry);
   tensor_stats.box = box;
+  const at::Tensor& local = materialization.add_real_shard(entry, *box);
   tensor_stats.bytes_kept = static_cast<int64_t>(local.nbytes());
   tensor_stats.bytes_computed = local.is_alias_of(entry.tensor) ? 0 : tensor_stats.bytes_kept;
   stats.tensors.push_back(std::move(tensor_stats));
-  ShardInfo info{entry.tensor.sizes().vec(), *box, local.sizes().vec() != box->sizes()};
-  reals.push_back({entry.tensor, std::move(local), std::move(info)});
 }
 
 MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
                                      const MaterializeOptions& options) {
   MaterializeStats stats;
-  std::vector<at::Tensor> whole_tensors;
-  std::vector<std::pair<at::Tensor, at::Tensor>> shards;  // fake, local
-  std::vector<ShardInfo> infos;
+  detail::Materialization materialization(options);
   std::vector<std::string> whole_names;
-  std::vector<RealShard> reals;
   const auto fakes = std::count_if(tensors.begin(), tensors.end(),
                                    [](const NamedTensor& entry) { return is_fake(entry.tensor); });
   detail::ProgressReporter progress(options, fakes);
   for (const NamedTensor& entry : tensors) {
     if (real_at_record_time(entry.tensor)) {
-      plan_real(entry, options, stats, reals);
+      plan_real(entry, options, stats, materialization);
       continue;
     }
     if (!is_fake(entry.tensor)) {
@@ -233,49 +167,55 @@ MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
     if (!box) {
       tensor_stats.bytes_computed = tensor_stats.bytes_kept =
           static_cast<int64_t>(entry.tensor.nbytes());
-      whole_tensors.push_back(entry.tensor);
+      materialization.add(entry.tensor);
       whole_names.push_back(entry.name);
       stats.tensors.push_back(std::move(tensor_stats));
       continue;
     }
     tensor_stats.box = box;
-    at::Tensor local = compute_shard(entry, *box, options, tensor_stats);
+    const at::Tensor& local = materialization.add_shard(entry, *box, tensor_stats);
     tensor_stats.bytes_kept = static_cast<int64_t>(local.nbytes());
-    infos.push_back({entry.tensor.sizes().vec(), *box, local.sizes().vec() != box->sizes()});
-    shards.emplace_back(entry.tensor, std::move(local));
     stats.tensors.push_back(std::move(tensor_stats));
     progress.step(entry.name);
   }
-  detail::materialize_tensors_in_place(whole_tensors, options, /*report_progress=*/false);
+  materialization.run(/*report_progress=*/false);
   for (const std::string& name : whole_names) {
     progress.step(name);
-  }
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const auto& [fake, local] = shards[i];
-    fake_impl(fake)->shallow_copy_from(local.getIntrusivePtr());
-    detail::set_shard_info(fake, infos[i]);
-  }
-  for (RealShard& real : reals) {
-    const bool same_storage = real.local.is_alias_of(real.tensor);
-    real.tensor.set_data(real.local);
-    detail::set_shard_info(real.tensor, std::move(real.info));
-    if (!same_storage && !real.tensor.is_inference()) {
-      real.tensor.unsafeGetTensorImpl()->bump_version();
-    }
   }
   return stats;
 }
 
+// Materializes `tensors` whole in one Materialization (Note [One materialization]).
+void materialize_whole(const std::vector<at::Tensor>& tensors, const MaterializeOptions& options) {
+  detail::Materialization materialization(options);
+  for (const at::Tensor& t : tensors) {
+    materialization.add(t);
+  }
+  materialization.run(/*report_progress=*/true);
+}
+
+// The recorder's value reader (Note [Who reads values]), installed when the library loads.
+class ReplayValueReader final : public detail::ValueReader {
+ public:
+  at::Tensor read(const at::Tensor& fake) const override {
+    return detail::read_recorded_values(fake);
+  }
+};
+
+const ReplayValueReader kValueReader;
+[[maybe_unused]] const bool kValueReaderInstalled =
+    (detail::install_value_reader(kValueReader), true);
+
 }  // namespace
 
 at::Tensor materialize_tensor(const at::Tensor& t, const MaterializeOptions& options) {
-  detail::materialize_tensors_in_place({t}, options);
+  materialize_whole({t}, options);
   return t;
 }
 
 void materialize_tensors(const std::vector<at::Tensor>& tensors,
                          const MaterializeOptions& options) {
-  detail::materialize_tensors_in_place(tensors, options);
+  materialize_whole(tensors, options);
 }
 
 MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tensors,
@@ -294,7 +234,7 @@ MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tenso
         {entry.name, entry.tensor.sizes().vec(), std::nullopt, false, "", bytes, bytes});
     fakes.push_back(entry.tensor);
   }
-  detail::materialize_tensors_in_place(fakes, options);
+  materialize_whole(fakes, options);
   return stats;
 }
 

@@ -1,9 +1,10 @@
 // Region replay: computing only the part of a recorded tensor that one rank holds.
 #pragma once
 
-#include <torchdefer/materialize.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/shard.h>
+
+#include <torchdefer/replay.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -47,7 +48,7 @@ namespace torchdefer::detail {
 // p's region including the copy_ itself, forever.
 class RegionReplay {
  public:
-  RegionReplay(std::shared_ptr<OpGraph> graph, const MaterializeOptions& options);
+  RegionReplay(std::shared_ptr<OpGraph> graph, ReplayConfig config);
 
   // The values of recorded value `value` inside `box` (in the value's own index space), computed
   // from that region, with inputs that have no region rule computed whole; nullopt when the ops
@@ -84,7 +85,7 @@ class RegionReplay {
   bool fail(std::string why);
 
   std::shared_ptr<OpGraph> graph_;
-  const MaterializeOptions& options_;
+  ReplayConfig config_;
   uint64_t seed_;
   std::string why_;
   std::vector<std::string> whole_inputs_;

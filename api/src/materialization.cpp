@@ -1,0 +1,251 @@
+// The orchestrator of every materialization call (Note [One materialization]).
+#include "materialization.h"
+
+#include <torchdefer/fake_tensor.h>
+#include <torchdefer/fake_tensor_impl.h>
+#include <torchdefer/torch_compat.h>
+
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include <torchdefer/region_replay.h>
+
+namespace torchdefer::detail {
+namespace {
+
+const RecordedFake& recording_of(const at::Tensor& fake) {
+  const RecordedFake* rec = recorded(fake);
+  TORCH_CHECK(rec != nullptr, "torchdefer: cannot materialize ", describe(fake),
+              ": it was made under a FakeMode, which records nothing. Create it under "
+              "torchdefer::deferred_init to be able to materialize it.");
+  return *rec;
+}
+
+// A shard that owns exactly its elements, padded to the chunk size when the options ask.
+at::Tensor own(at::Tensor local, const Box& box, const MaterializeOptions& options,
+               const NamedTensor& entry) {
+  if (!local.is_contiguous() || local.storage().nbytes() != local.nbytes()) {
+    local = local.clone(at::MemoryFormat::Contiguous);
+  }
+  if (!options.shard() || !options.shard()->padded || options.region()) {
+    return local;
+  }
+  const Shard& shard = *options.shard();
+  const int64_t size = entry.tensor.size(shard.dim);
+  const int64_t chunk = shard.chunk_size(size);
+  if (local.size(shard.dim) == chunk) {
+    return local;
+  }
+  std::vector<int64_t> padded_sizes = box.sizes();
+  padded_sizes[shard.dim] = chunk;
+  at::Tensor padded = at::zeros(padded_sizes, local.options());
+  padded.narrow(shard.dim, 0, local.size(shard.dim)).copy_(local);
+  return padded;
+}
+
+}  // namespace
+
+ReplayConfig replay_config(const MaterializeOptions& options) {
+  ReplayConfig config;
+  config.device = options.device();
+  config.counter_rng = options.rng() == RngMode::kCounter;
+  config.counter_seed = options.counter_seed();
+  return config;
+}
+
+Materialization::Materialization(const MaterializeOptions& options)
+    : options_(options), config_(replay_config(options)) {}
+
+Materialization::Group& Materialization::group_of(const std::shared_ptr<OpGraph>& graph) {
+  Group& group = groups_[graph.get()];
+  if (!group.graph) {
+    group.graph = graph;
+  }
+  return group;
+}
+
+void Materialization::add(const at::Tensor& t) {
+  if (is_fake(t)) {
+    add_target(t);
+  }
+}
+
+void Materialization::add_target(const at::Tensor& fake) {
+  Group& group = group_of(recording_of(fake).graph);
+  if (group.seen.insert(fake.unsafeGetTensorImpl()).second) {
+    group.targets.push_back(fake);
+    group.replay.reset();  // planned again with this target
+  }
+}
+
+// Plans every group that has no plan yet; a foreign fake a plan reads becomes a target of its own
+// recording's group, which then needs a (new) plan. Targets only grow, so this ends.
+void Materialization::plan() {
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (auto& [key, group] : groups_) {
+      if (group.replay) {
+        continue;
+      }
+      changed = true;
+      auto replay = std::make_unique<GraphReplay>(group.graph, config_);
+      for (const at::Tensor& target : group.targets) {
+        replay->add_target(target);
+      }
+      {
+        const auto lock = group.graph->lock();
+        replay->plan();
+      }
+      group.reads.clear();
+      const std::vector<at::Tensor> foreign = replay->foreign_fakes();
+      group.replay = std::move(replay);
+      for (const at::Tensor& fake : foreign) {
+        group.reads.push_back(recording_of(fake).graph.get());
+        add_target(fake);  // may rehash nothing: groups_ is a std::map
+      }
+      break;  // groups_ may have grown; start over
+    }
+  }
+}
+
+// The groups, each after the groups whose fakes it reads.
+std::vector<Materialization::Group*> Materialization::run_order() {
+  std::vector<Group*> order;
+  std::map<const OpGraph*, int> state;  // 1: being visited, 2: done
+  std::function<void(const OpGraph*)> visit = [&](const OpGraph* key) {
+    int& s = state[key];
+    if (s == 2) {
+      return;
+    }
+    Group& group = groups_.at(key);
+    TORCH_CHECK(s != 1, "torchdefer: cannot materialize: the recording of ", group.graph->context(),
+                " reads fakes whose own recordings read its fakes in turn, so none of them can be "
+                "replayed first. Materialize the fakes of one recording before another recording "
+                "reads them.");
+    s = 1;
+    for (const OpGraph* read : group.reads) {
+      visit(read);
+    }
+    state[key] = 2;
+    order.push_back(&group);
+  };
+  for (auto& [key, group] : groups_) {
+    visit(key);
+  }
+  return order;
+}
+
+// One sharded tensor's local values, by region replay or, failing that, whole and sliced.
+at::Tensor Materialization::compute_shard(const NamedTensor& entry, const Box& box,
+                                          TensorStats& stats) {
+  const RecordedFake& rec = recording_of(entry.tensor);
+  std::shared_ptr<OpGraph> graph = rec.graph;
+  const auto lock = graph->lock();
+  RealOnlyGuard real_only;
+  c10::AutoGradMode no_grad(false);
+  RegionReplay region(graph, config_);
+  if (std::optional<at::Tensor> local = region.local(rec.value, box)) {
+    stats.sliced = true;
+    stats.fallback = c10::Join(", ", region.whole_inputs());
+    stats.bytes_computed = region.bytes_computed();
+    return own(*local, box, options_, entry);
+  }
+  stats.fallback = region.why();
+  GraphReplay whole_tensor(graph, config_);
+  whole_tensor.add_target(entry.tensor);
+  whole_tensor.plan();
+  whole_tensor.run();
+  const at::Tensor& full = whole_tensor.result(0);
+  stats.bytes_computed = static_cast<int64_t>(full.nbytes());
+  return own(slice(full, box), box, options_, entry);
+}
+
+const at::Tensor& Materialization::add_shard(const NamedTensor& entry, const Box& box,
+                                             TensorStats& stats) {
+  at::Tensor local = compute_shard(entry, box, stats);
+  ShardInfo info{entry.tensor.sizes().vec(), box, local.sizes().vec() != box.sizes()};
+  shards_.push_back({entry.tensor, std::move(local), std::move(info)});
+  return shards_.back().local;
+}
+
+void Materialization::run(bool report_progress) {
+  plan();
+  const std::vector<Group*> order = run_order();
+  int64_t total = 0;
+  for (const Group* group : order) {
+    total += group->replay->planned_nodes();
+  }
+  ProgressReporter progress(options_, total);
+  std::function<void(const std::string&)> on_node;
+  if (report_progress) {
+    on_node = [&progress](const std::string& op) { progress.step(op); };
+  }
+  ForeignValues computed;
+  for (Group* group : order) {
+    group->replay->run(computed, on_node);
+    for (size_t i = 0; i < group->targets.size(); ++i) {
+      computed.emplace(group->targets[i].unsafeGetTensorImpl(), group->replay->result(i));
+    }
+  }
+  commit();
+}
+
+void Materialization::commit() noexcept {
+  for (auto& [key, group] : groups_) {
+    group.replay->commit();
+  }
+  for (const LocalShard& shard : shards_) {
+    fake_impl(shard.fake)->shallow_copy_from(shard.local.getIntrusivePtr());
+    set_shard_info(shard.fake, shard.info);
+  }
+  // Note [Real tensors of a sharded module]: the same tensor holds its slice from now on, and a
+  // recording that read the whole of it sees a new version.
+  for (LocalShard& real : real_shards_) {
+    const bool same_storage = real.local.is_alias_of(real.fake);
+    real.fake.set_data(real.local);
+    set_shard_info(real.fake, real.info);
+    if (!same_storage && !real.fake.is_inference()) {
+      real.fake.unsafeGetTensorImpl()->bump_version();
+    }
+  }
+}
+
+const at::Tensor& Materialization::add_real_shard(const NamedTensor& entry, const Box& box) {
+  at::Tensor local = slice(entry.tensor.detach(), box);
+  if (options_.device()) {
+    local = local.to(*options_.device());
+  }
+  local = own(local, box, options_, entry);
+  ShardInfo info{entry.tensor.sizes().vec(), box, local.sizes().vec() != box.sizes()};
+  real_shards_.push_back({entry.tensor, std::move(local), std::move(info)});
+  return real_shards_.back().local;
+}
+
+at::Tensor read_recorded_values(const at::Tensor& fake) {
+  const RecordedFake& rec = recording_of(fake);
+  ReplayConfig config;
+  config.device = c10::Device(c10::kCPU);
+  GraphReplay replay(rec.graph, config);
+  replay.add_value(rec.value);
+  {
+    const auto lock = rec.graph->lock();
+    replay.plan();
+  }
+  const std::vector<at::Tensor> foreign = replay.foreign_fakes();
+  TORCH_CHECK(foreign.empty(), "torchdefer: cannot read the values of ", describe(fake),
+              ": they are computed from ", describe(foreign.front()),
+              ", a fake of another deferred_init, and reading values must not materialize it. "
+              "Materialize that tensor first.");
+  replay.run();
+  // The result may view a storage that was already real (materialized during construction).
+  RealOnlyGuard real_only;
+  return replay.result(0).clone();
+}
+
+}  // namespace torchdefer::detail
