@@ -666,7 +666,9 @@ TORCHDEFER_HOST_DEVICE inline T element(const ElementParams& p, Draws& draws, ui
     case Distribution::kLogNormal:
       return to_dtype<T>(exp(p.a + p.b * draws.standard_normal(e, wide)));
     case Distribution::kBernoulli:
-      return to_dtype<T>(static_cast<double>(draws.word32(e)) / kTwoPow32 < p.a ? 1.0 : 0.0);
+      // The dtype's 1 and 0 are constants: a select, not a rounding per element.
+      return static_cast<double>(draws.word32(e)) / kTwoPow32 < p.a ? to_dtype<T>(1.0)
+                                                                    : to_dtype<T>(0.0);
     case Distribution::kRandom: {
       const uint64_t range = p.range == 0 ? default_random_range<T>() : p.range;
       const uint64_t draw = wide ? draws.word64(e) : draws.word32(e);
