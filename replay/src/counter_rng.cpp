@@ -1,11 +1,13 @@
 // Counter RNG (Note [Counter RNG]). Compiled with -ffp-contract=off (replay/CMakeLists.txt).
 #include <torchdefer/counter_rng.h>
 
-#include "counter_math_constants.h"
+#include "counter_math.h"
+#include "counter_rng_device.h"
 #include "counter_rng_simd.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
@@ -23,310 +25,57 @@
 namespace torchdefer {
 
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      k[0] += counter_math_constants::kPhiloxWeyl0;
-      k[1] += counter_math_constants::kPhiloxWeyl1;
-    }
-    const uint64_t p0 = uint64_t{counter_math_constants::kPhiloxMul0} * c[0];
-    const uint64_t p1 = uint64_t{counter_math_constants::kPhiloxMul1} * c[2];
-    c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<uint32_t>(p1),
-         static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k[1], static_cast<uint32_t>(p0)};
-  }
+  counter_math::portable::philox_rounds<uint32_t>(c.data(), k[0], k[1]);
   return c;
 }
 
 namespace counter_math {
 
-using namespace counter_math_constants;
+double log(double x) { return portable::log<double>(x); }
 
-namespace {
+double exp(double x) { return portable::exp(x); }
 
-double from_bits(uint64_t bits) {
-  double d;
-  std::memcpy(&d, &bits, sizeof(d));
-  return d;
-}
-
-uint64_t to_bits(double d) {
-  uint64_t bits;
-  std::memcpy(&bits, &d, sizeof(bits));
-  return bits;
-}
-
-// sin and cos of x ∈ [0, π/4] by Taylor series to x^19 and x^20 (truncation below 1e-21).
-void sincos_quarter(double x, double* s, double* c) {
-  const double x2 = x * x;
-  double ps = kInverseFactorial[19];
-  for (int n = 17; n >= 1; n -= 2) {
-    ps = kInverseFactorial[n] - x2 * ps;
-  }
-  double pc = kInverseFactorial[20];
-  for (int n = 18; n >= 0; n -= 2) {
-    pc = kInverseFactorial[n] - x2 * pc;
-  }
-  *s = x * ps;
-  *c = pc;
-}
-
-}  // namespace
-
-double log(double x) {
-  // x = m·2^k with m ∈ [√½, √2): ln x = k·ln 2 + 2·atanh(s), s = (m − 1)/(m + 1), |s| ≤ 0.172.
-  uint64_t bits = to_bits(x);
-  int64_t k = static_cast<int64_t>((bits >> 52) & 0x7ff) - 1023;
-  double m = from_bits((bits & 0x000fffffffffffffull) | 0x3ff0000000000000ull);
-  if (m > kSqrt2) {
-    m = m * 0.5;
-    ++k;
-  }
-  const double s = (m - 1.0) / (m + 1.0);
-  const double s2 = s * s;
-  double p = 1.0 / 25.0;
-  for (int n = 23; n >= 1; n -= 2) {
-    p = 1.0 / n + s2 * p;
-  }
-  const double kd = static_cast<double>(k);
-  return kd * kLn2Hi + (kd * kLn2Lo + 2.0 * s * p);
-}
-
-double exp(double x) {
-  if (x > 709.78) {
-    return std::numeric_limits<double>::infinity();
-  }
-  if (x < -745.13) {
-    return 0.0;
-  }
-  // x = k·ln 2 + r, |r| ≤ ½ ln 2: exp x = 2^k · exp r, exp r by its Taylor series to r^17.
-  const double kd = static_cast<double>(static_cast<int64_t>(x * kInvLn2 + (x < 0 ? -0.5 : 0.5)));
-  const double r = (x - kd * kLn2Hi) - kd * kLn2Lo;
-  double p = kInverseFactorial[17];
-  for (int n = 16; n >= 0; --n) {
-    p = kInverseFactorial[n] + r * p;
-  }
-  // 2^k in two steps so that k down to −1074 stays representable.
-  const int64_t k = static_cast<int64_t>(kd);
-  const int64_t k1 = k / 2;
-  const int64_t k2 = k - k1;
-  return p * from_bits(static_cast<uint64_t>(k1 + 1023) << 52) *
-         from_bits(static_cast<uint64_t>(k2 + 1023) << 52);
-}
-
-void sincos_2pi(double t, double* sin, double* cos) {
-  // sin(−x) = −sin x: reduce the sign first, exactly.
-  const bool negative = t < 0;
-  if (negative) {
-    t = -t;
-  }
-  // 2πt = q·π/2 + (π/2)·f with q = ⌊4t⌋ and f ∈ [0, 1); both exact in binary.
-  const double y = 4.0 * (t - static_cast<double>(static_cast<int64_t>(t)));
-  const int64_t q = static_cast<int64_t>(y);
-  const double f = y - static_cast<double>(q);
-  double s, c;
-  if (f <= 0.5) {
-    sincos_quarter(f * kHalfPi, &s, &c);
-  } else {
-    sincos_quarter((1.0 - f) * kHalfPi, &c, &s);
-  }
-  switch (q & 3) {
-    case 0:
-      *sin = s, *cos = c;
-      break;
-    case 1:
-      *sin = c, *cos = -s;
-      break;
-    case 2:
-      *sin = -s, *cos = -c;
-      break;
-    default:
-      *sin = -c, *cos = s;
-      break;
-  }
-  if (negative) {
-    *sin = -*sin;
-  }
-}
+void sincos_2pi(double t, double* sin, double* cos) { portable::sincos_2pi<double>(t, sin, cos); }
 
 }  // namespace counter_math
 
 namespace {
 
-using counter_math_constants::kTwoPow32;
+namespace math = counter_math;
 
-// Bits per element of a draw: 32, or 64 for float64 uniform/normal and wide random ranges.
-bool uses_64_bits(const CounterDistributionParams& params, c10::ScalarType dtype) {
-  switch (params.distribution) {
-    case CounterDistribution::kRandom:
-      return params.range == 0 ? (dtype == at::kLong || dtype == at::kDouble)
-                               : params.range > (uint64_t{1} << 32);
-    case CounterDistribution::kBernoulli:
-      return false;
-    default:
-      return dtype == at::kDouble;
-  }
-}
-
-// The random words of one op (one seed and stream), one Philox block at a time.
-class Blocks {
- public:
-  Blocks(uint64_t seed, uint64_t stream)
-      : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)},
-        stream_lo_(static_cast<uint32_t>(stream)),
-        stream_hi_(static_cast<uint32_t>(stream >> 32)) {}
-
-  const std::array<uint32_t, 4>& block(uint64_t b) {
-    if (b != current_ || !valid_) {
-      words_ = philox4x32_10(
-          {static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32), stream_lo_, stream_hi_}, key_);
-      current_ = b;
-      valid_ = true;
-    }
-    return words_;
-  }
-
-  // The two standard normals of the last Box–Muller pair, which its two elements share.
-  struct Pair {
-    uint64_t index = 0;
-    double cos_value = 0;
-    double sin_value = 0;
-    bool valid = false;
-  };
-  Pair& pair() { return pair_; }
-
- private:
-  std::array<uint32_t, 2> key_;
-  uint32_t stream_lo_;
-  uint32_t stream_hi_;
-  std::array<uint32_t, 4> words_{};
-  uint64_t current_ = 0;
-  bool valid_ = false;
-  Pair pair_;
+// The element type counter_math writes for a dtype: the same bits, without c10 types.
+template <typename T>
+struct Element {
+  using type = T;
 };
+template <>
+struct Element<c10::Half> {
+  using type = math::HalfBits;
+};
+template <>
+struct Element<c10::BFloat16> {
+  using type = math::BFloat16Bits;
+};
+static_assert(sizeof(math::HalfBits) == sizeof(c10::Half) &&
+              sizeof(math::BFloat16Bits) == sizeof(c10::BFloat16));
 
-uint64_t word64(const std::array<uint32_t, 4>& w, int half) {
-  return (uint64_t{w[2 * half + 1]} << 32) | w[2 * half];
+math::ElementParams element_params(const CounterDistributionParams& p, uint64_t seed,
+                                   uint64_t stream) {
+  math::ElementParams e;
+  e.distribution = static_cast<math::Distribution>(p.distribution);
+  e.a = p.a;
+  e.b = p.b;
+  e.from = p.from;
+  e.range = p.range;
+  e.low = p.low;
+  e.high = p.high;
+  e.seed = seed;
+  e.stream = stream;
+  return e;
 }
 
-// A standard normal for element e (Box–Muller on its pair, Note [Counter RNG]). The pair's two
-// values are computed once and kept for the other element.
-double standard_normal(Blocks& blocks, uint64_t e, bool wide) {
-  Blocks::Pair& pair = blocks.pair();
-  if (!pair.valid || pair.index != e / 2) {
-    double u1;
-    double u2;
-    if (wide) {
-      const auto& w = blocks.block(e / 2);
-      u1 = static_cast<double>((word64(w, 0) >> 11) + 1) * 0x1p-53;
-      u2 = static_cast<double>(word64(w, 1) >> 11) * 0x1p-53;
-    } else {
-      const auto& w = blocks.block(e / 4);
-      const int half = static_cast<int>(e % 4) / 2;
-      u1 = (static_cast<double>(w[2 * half]) + 1.0) / kTwoPow32;
-      u2 = static_cast<double>(w[2 * half + 1]) / kTwoPow32;
-    }
-    const double r = std::sqrt(-2.0 * counter_math::log(u1));
-    double s, c;
-    counter_math::sincos_2pi(u2, &s, &c);
-    pair = {e / 2, r * c, r * s, true};
-  }
-  return e % 2 == 1 ? pair.sin_value : pair.cos_value;
-}
-
-// A uniform in [0, 1) for element e: 24 bits (32-bit draws) or 53 (64-bit draws).
-double unit_uniform(Blocks& blocks, uint64_t e, bool wide) {
-  if (wide) {
-    return static_cast<double>(word64(blocks.block(e / 2), static_cast<int>(e % 2)) >> 11) *
-           0x1p-53;
-  }
-  return static_cast<double>(blocks.block(e / 4)[e % 4] >> 8) * 0x1p-24;
-}
-
-// A uniform in (0, 1] for element e, for logarithms.
-double open_unit_uniform(Blocks& blocks, uint64_t e, bool wide) {
-  if (wide) {
-    return static_cast<double>((word64(blocks.block(e / 2), static_cast<int>(e % 2)) >> 11) + 1) *
-           0x1p-53;
-  }
-  return (static_cast<double>(blocks.block(e / 4)[e % 4]) + 1.0) / kTwoPow32;
-}
-
-uint64_t raw_draw(Blocks& blocks, uint64_t e, bool wide) {
-  return wide ? word64(blocks.block(e / 2), static_cast<int>(e % 2)) : blocks.block(e / 4)[e % 4];
-}
-
-template <typename T>
-uint64_t default_random_range() {
-  if constexpr (std::is_same_v<T, bool>) {
-    return 2;
-  } else if constexpr (std::is_same_v<T, double>) {
-    return (uint64_t{1} << 53) + 1;
-  } else if constexpr (std::is_same_v<T, float>) {
-    return (uint64_t{1} << 24) + 1;
-  } else if constexpr (std::is_same_v<T, c10::Half>) {
-    return (uint64_t{1} << 11) + 1;
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    return (uint64_t{1} << 8) + 1;
-  } else {
-    return static_cast<uint64_t>(std::numeric_limits<T>::max()) + 1;
-  }
-}
-
-// A double to the dtype, to nearest even; float16 and bfloat16 through float32, as Note
-// [Counter RNG] specifies (a CUDA kernel computes them in float32 too).
-template <typename T>
-T to_dtype(double value) {
-  if constexpr (std::is_same_v<T, double>) {
-    return value;
-  } else if constexpr (std::is_same_v<T, float>) {
-    return static_cast<float>(value);
-  } else if constexpr (std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
-    return T(static_cast<float>(value));
-  } else if constexpr (std::is_same_v<T, bool>) {
-    return value != 0.0;
-  } else {
-    return static_cast<T>(value);
-  }
-}
-
-template <typename T>
-T element_value(const CounterDistributionParams& p, Blocks& blocks, uint64_t e, bool wide) {
-  switch (p.distribution) {
-    case CounterDistribution::kUniform: {
-      const T value = to_dtype<T>(p.a + (p.b - p.a) * unit_uniform(blocks, e, wide));
-      return value == to_dtype<T>(p.b) ? to_dtype<T>(p.a) : value;
-    }
-    case CounterDistribution::kNormal:
-      return to_dtype<T>(p.a + p.b * standard_normal(blocks, e, wide));
-    case CounterDistribution::kLogNormal:
-      return to_dtype<T>(counter_math::exp(p.a + p.b * standard_normal(blocks, e, wide)));
-    case CounterDistribution::kBernoulli:
-      return to_dtype<T>(static_cast<double>(blocks.block(e / 4)[e % 4]) / kTwoPow32 < p.a ? 1.0
-                                                                                           : 0.0);
-    case CounterDistribution::kRandom: {
-      const uint64_t range = p.range == 0 ? default_random_range<T>() : p.range;
-      const int64_t value = p.from + static_cast<int64_t>(raw_draw(blocks, e, wide) % range);
-      if constexpr (std::is_integral_v<T>) {
-        return static_cast<T>(value);
-      } else {
-        return to_dtype<T>(static_cast<double>(value));
-      }
-    }
-    case CounterDistribution::kExponential:
-      return to_dtype<T>(-counter_math::log(open_unit_uniform(blocks, e, wide)) / p.a);
-    case CounterDistribution::kCauchy: {
-      double s, c;
-      counter_math::sincos_2pi((unit_uniform(blocks, e, wide) - 0.5) * 0.5, &s, &c);
-      return to_dtype<T>(p.a + p.b * (s / c));
-    }
-    case CounterDistribution::kGeometric: {
-      const double trials =
-          counter_math::log(open_unit_uniform(blocks, e, wide)) / counter_math::log(1.0 - p.a);
-      const double k = static_cast<double>(static_cast<int64_t>(trials));
-      return to_dtype<T>(std::max(1.0, k < trials ? k + 1.0 : k));
-    }
-  }
-  return T();
-}
+static_assert(static_cast<int>(CounterDistribution::kTruncatedNormal) ==
+              static_cast<int>(math::Distribution::kTruncatedNormal));
 
 #if defined(__x86_64__)
 #define TORCHDEFER_X86_KERNELS 1
@@ -334,10 +83,11 @@ T element_value(const CounterDistributionParams& p, Blocks& blocks, uint64_t e, 
 // Note [Vectorized counter fill]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Initialization is almost all uniform and normal draws, so those (and bernoulli and exponential)
-// have vector kernels for float32, float64, float16 and bfloat16 outputs. The scalar code above is
-// the definition; a kernel computes the same IEEE operations in the same order, lane by lane
-// (separate multiplies and adds, FP contraction off, the same log/sincos polynomials, correctly
-// rounded sqrt and conversions), so its bits equal the scalar path's. counter_rng_test.cpp checks
+// have vector kernels for float32, float64, float16 and bfloat16 outputs. Their Philox rounds,
+// log, sincos and Box–Muller are counter_math.h's templates instantiated for vector lanes (Note
+// [One definition of the counter math]): the same IEEE operations in the same order, lane by
+// lane, as the scalar path and the CUDA kernel; the rest (where each element's words sit, the
+// correctly rounded conversions and stores) is the kernel's own. counter_rng_test.cpp checks
 // every kernel element by element against a reference written from Note [Counter RNG], across
 // region offsets that start and end mid-block and mid-group.
 //
@@ -414,10 +164,11 @@ std::optional<counter_simd::Op> simd_op(CounterDistribution distribution) {
 // [Vectorized counter fill]), the elements before the first block boundary with the scalar path.
 // Returns how many it filled.
 template <typename T>
-int64_t vector_fill(T* out, uint64_t e, int64_t count, const CounterDistributionParams& params,
-                    uint64_t seed, uint64_t stream, Blocks& blocks, bool wide) {
+int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
+                    const math::ElementParams& params, math::Draws& draws) {
   constexpr std::optional<counter_simd::Dtype> dtype = simd_dtype<T>();
-  const std::optional<counter_simd::Op> op = simd_op(params.distribution);
+  const std::optional<counter_simd::Op> op =
+      simd_op(static_cast<CounterDistribution>(params.distribution));
   if (!dtype || !op) {
     return 0;
   }
@@ -429,10 +180,10 @@ int64_t vector_fill(T* out, uint64_t e, int64_t count, const CounterDistribution
   if (!avx512 && !avx2) {
     return 0;
   }
-  const uint64_t per_block = wide ? 2 : 4;
+  const uint64_t per_block = params.wide ? 2 : 4;
   int64_t j = 0;
   for (; j < count && (e + j) % per_block != 0; ++j) {
-    out[j] = element_value<T>(params, blocks, e + j, wide);
+    out[j] = math::element<typename Element<T>::type>(params, draws, e + j);
   }
   counter_simd::Job job;
   job.op = *op;
@@ -442,34 +193,29 @@ int64_t vector_fill(T* out, uint64_t e, int64_t count, const CounterDistribution
   job.count = count - j;
   job.a = params.a;
   job.b = params.b;
-  job.seed = seed;
-  job.stream = stream;
+  job.seed = params.seed;
+  job.stream = params.stream;
   return j + (avx512 ? counter_simd::fill_avx512(job) : counter_simd::fill_avx2(job));
 #else
   return 0;
 #endif
 }
 
-// Global row-major index of the first element of each row of `out` (its last dimension).
-struct RowIndex {
-  std::vector<int64_t> global_strides;  // row-major strides of the global shape
-  std::vector<int64_t> start;
-};
-
 template <typename T>
-void fill_typed(const at::Tensor& out, const CounterDistributionParams& params, uint64_t seed,
-                uint64_t stream, const RowIndex& index) {
+void fill_typed(const at::Tensor& out, const math::ElementParams& generic,
+                const CounterLayout& index) {
+  using S = typename Element<T>::type;
+  const math::ElementParams params = math::for_dtype<S>(generic);
   const int64_t dims = out.dim();
   const int64_t row_length = dims == 0 ? 1 : out.size(dims - 1);
   const int64_t rows = row_length == 0 ? 0 : out.numel() / row_length;
   const int64_t last_stride = dims == 0 ? 1 : out.stride(dims - 1);
   const int64_t last_global_stride = dims == 0 ? 1 : index.global_strides[dims - 1];
-  const bool wide = uses_64_bits(params, out.scalar_type());
-  T* data = out.data_ptr<T>();
+  S* data = reinterpret_cast<S*>(out.data_ptr<T>());
   // Split by elements, not rows, so that a long 1-D tensor uses every thread too.
   const int64_t numel = rows * row_length;
   at::parallel_for(0, numel, /*grain_size=*/32768, [&](int64_t begin, int64_t end) {
-    Blocks blocks(seed, stream);
+    math::Draws draws(params);
     int64_t k = begin;
     while (k < end) {
       const int64_t row = k / row_length;
@@ -489,12 +235,12 @@ void fill_typed(const at::Tensor& out, const CounterDistributionParams& params, 
       }
       int64_t j = first;
       if (last_stride == 1) {
-        j += vector_fill(data + offset + j, static_cast<uint64_t>(global + j), last - j, params,
-                         seed, stream, blocks, wide);
+        j += vector_fill<T>(data + offset + j, static_cast<uint64_t>(global + j), last - j, params,
+                            draws);
       }
       for (; j < last; ++j) {
         data[offset + j * last_stride] =
-            element_value<T>(params, blocks, static_cast<uint64_t>(global + j), wide);
+            math::element<S>(params, draws, static_cast<uint64_t>(global + j));
       }
       k += last - first;
     }
@@ -535,6 +281,81 @@ bool avx512_available() {
 // `out`, and that the region covers fully in the inner one, are merged first: a whole contiguous
 // tensor becomes one row. The global row-major index of every element is unchanged: for a fully
 // covered inner dimension of global size G, (s + i) * G * g + j * g == (s * G + i * G + j) * g.
+CounterLayout merge_rows(const at::Tensor& out, c10::IntArrayRef global,
+                         const std::vector<int64_t>& start) {
+  CounterLayout layout;
+  std::vector<int64_t> merged_global;
+  for (int64_t d = 0; d < out.dim(); ++d) {
+    const bool merges = !layout.sizes.empty() &&
+                        layout.strides.back() == out.stride(d) * out.size(d) && start[d] == 0 &&
+                        out.size(d) == global[d];
+    if (merges) {
+      layout.sizes.back() *= out.size(d);
+      layout.strides.back() = out.stride(d);
+      merged_global.back() *= global[d];
+      layout.start.back() *= global[d];
+      continue;
+    }
+    layout.sizes.push_back(out.size(d));
+    layout.strides.push_back(out.stride(d));
+    merged_global.push_back(global[d]);
+    layout.start.push_back(start[d]);
+  }
+  layout.global_strides.assign(layout.sizes.size(), 1);
+  for (int64_t d = static_cast<int64_t>(layout.sizes.size()) - 2; d >= 0; --d) {
+    layout.global_strides[d] = layout.global_strides[d + 1] * merged_global[d + 1];
+  }
+  return layout;
+}
+
+namespace {
+
+void fill_on_cpu(const at::Tensor& out, const math::ElementParams& params, c10::IntArrayRef global,
+                 const std::vector<int64_t>& start) {
+  const CounterLayout layout = merge_rows(out, global, start);
+  const at::Tensor rows = out.as_strided(layout.sizes, layout.strides, out.storage_offset());
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, out.scalar_type(),
+                             "torchdefer_counter_fill",
+                             [&] { fill_typed<scalar_t>(rows, params, layout); });
+}
+
+// Note [Counter fill on other devices]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The CPU fill writes through data_ptr from host threads, which on an accelerator would be a host
+// write to device memory. A device with a native kernel (CUDA builds: counter_fill.cu, the same
+// counter_math.h) fills in place; every other device (XPU, MPS, a PrivateUse1 backend, CUDA when
+// the layout has more dimensions than the kernel takes) is filled through the host: a chunk of at
+// most kHostChunkBytes is generated on the CPU as the region it is of the op's output, then
+// copied with the device's own copy_. Host memory stays bounded whatever the tensor's size, and
+// the bits are the CPU fill's, since every element is a function of its global index alone.
+constexpr int64_t kHostChunkBytes = int64_t{16} << 20;
+
+void fill_through_host(const at::Tensor& out, const math::ElementParams& params,
+                       c10::IntArrayRef global, const std::vector<int64_t>& start) {
+  const int64_t bytes = out.numel() * static_cast<int64_t>(out.element_size());
+  if (bytes <= kHostChunkBytes) {
+    const at::Tensor host = at::empty(out.sizes(), out.options().device(c10::kCPU));
+    fill_on_cpu(host, params, global, start);
+    out.copy_(host);
+    return;
+  }
+  // More than one chunk, so more than one element: split the first dimension longer than 1.
+  int64_t d = 0;
+  while (out.size(d) == 1) {
+    ++d;
+  }
+  const int64_t slice_bytes = bytes / out.size(d);
+  const int64_t step = std::max<int64_t>(1, kHostChunkBytes / slice_bytes);
+  for (int64_t i = 0; i < out.size(d); i += step) {
+    std::vector<int64_t> chunk_start = start;
+    chunk_start[d] += i;
+    fill_through_host(out.narrow(d, i, std::min(step, out.size(d) - i)), params, global,
+                      chunk_start);
+  }
+}
+
+}  // namespace
+
 void counter_fill(const at::Tensor& out, const CounterDistributionParams& params, uint64_t seed,
                   uint64_t stream, CounterRegion region) {
   const int64_t dims = out.dim();
@@ -558,32 +379,17 @@ void counter_fill(const at::Tensor& out, const CounterDistributionParams& params
   if (out.numel() == 0) {
     return;
   }
-  std::vector<int64_t> sizes, strides, merged_global;
-  RowIndex index;
-  for (int64_t d = 0; d < dims; ++d) {
-    const bool merges = !sizes.empty() && strides.back() == out.stride(d) * out.size(d) &&
-                        start[d] == 0 && out.size(d) == global[d];
-    if (merges) {
-      sizes.back() *= out.size(d);
-      strides.back() = out.stride(d);
-      merged_global.back() *= global[d];
-      index.start.back() *= global[d];
-      continue;
-    }
-    sizes.push_back(out.size(d));
-    strides.push_back(out.stride(d));
-    merged_global.push_back(global[d]);
-    index.start.push_back(start[d]);
+  const math::ElementParams element = element_params(params, seed, stream);
+  if (out.device().is_cpu()) {
+    fill_on_cpu(out, element, global, start);
+    return;
   }
-  const auto merged_dims = static_cast<int64_t>(sizes.size());
-  index.global_strides.assign(sizes.size(), 1);
-  for (int64_t d = merged_dims - 2; d >= 0; --d) {
-    index.global_strides[d] = index.global_strides[d + 1] * merged_global[d + 1];
+#ifdef TORCHDEFER_WITH_CUDA
+  if (out.device().is_cuda() && counter_fill_cuda(out, element, merge_rows(out, global, start))) {
+    return;
   }
-  const at::Tensor rows = out.as_strided(sizes, strides, out.storage_offset());
-  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, out.scalar_type(),
-                             "torchdefer_counter_fill",
-                             [&] { fill_typed<scalar_t>(rows, params, seed, stream, index); });
+#endif
+  fill_through_host(out, element, global, start);
 }
 
 }  // namespace torchdefer

@@ -1,24 +1,199 @@
 // AVX-512 kernels of the counter RNG (Note [Vectorized counter fill]). Compiled with
 // -mavx512f -mavx512dq -mavx512bw -mavx512vl -ffp-contract=off (replay/CMakeLists.txt) and called
 // only where counter_simd::avx512_available(). Every function below computes exactly what the
-// scalar definition in counter_rng.cpp computes, operation by operation, in vector lanes.
+// scalar definition computes: the math is counter_math.h's, instantiated for AVX-512 lanes.
 #include "counter_rng_simd.h"
 
-#include "counter_math_constants.h"
+#define TORCHDEFER_COUNTER_ISA avx512
+#include "counter_math.h"
 
 #include <immintrin.h>
 
 #include <cstdint>
 
+namespace torchdefer::counter_math {
+namespace avx512 {
+
+// N registers of eight float64 lanes, stepped together: each alone is a long chain of dependent
+// multiplies and adds (polynomials in Horner form), and interleaving two keeps the
+// floating-point units busy. A double converts to all lanes (the math's scalar constants).
+template <int N>
+struct Doubles {
+  __m512d v[N];
+
+  Doubles() = default;
+  Doubles(double x) {  // NOLINT(google-explicit-constructor): the math's constants
+    for (__m512d& r : v) {
+      r = _mm512_set1_pd(x);
+    }
+  }
+
+  friend Doubles operator+(const Doubles& x, const Doubles& y) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = x.v[i] + y.v[i];
+    }
+    return r;
+  }
+  friend Doubles operator-(const Doubles& x, const Doubles& y) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = x.v[i] - y.v[i];
+    }
+    return r;
+  }
+  friend Doubles operator*(const Doubles& x, const Doubles& y) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = x.v[i] * y.v[i];
+    }
+    return r;
+  }
+  friend Doubles operator/(const Doubles& x, const Doubles& y) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = x.v[i] / y.v[i];
+    }
+    return r;
+  }
+  friend Doubles operator-(const Doubles& x) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = -x.v[i];
+    }
+    return r;
+  }
+};
+
+template <int N>
+struct Masks {
+  __mmask8 m[N];
+};
+
+// One word of each of 16 blocks, in each of four independent sets (one set's rounds are a chain
+// of dependent multiplies and permutes; interleaving four gives 2.5x the throughput on Zen 4).
+struct Words {
+  static constexpr int kSets = 4;
+  __m512i set[kSets];
+};
+
+}  // namespace avx512
+
+// Note [One definition of the counter math]: float64 lanes.
+template <int N>
+struct Lanes<avx512::Doubles<N>> {
+  using D = avx512::Doubles<N>;
+  using Mask = avx512::Masks<N>;
+  static D broadcast(double x) { return D(x); }
+  template <int Predicate>
+  static Mask compare(const D& x, const D& y) {
+    Mask r;
+    for (int i = 0; i < N; ++i) {
+      r.m[i] = _mm512_cmp_pd_mask(x.v[i], y.v[i], Predicate);
+    }
+    return r;
+  }
+  static Mask less(const D& x, const D& y) { return compare<_CMP_LT_OQ>(x, y); }
+  static Mask less_equal(const D& x, const D& y) { return compare<_CMP_LE_OQ>(x, y); }
+  static Mask greater(const D& x, const D& y) { return compare<_CMP_GT_OQ>(x, y); }
+  static Mask equal(const D& x, const D& y) { return compare<_CMP_EQ_OQ>(x, y); }
+  static Mask both(const Mask& x, const Mask& y) {
+    Mask r;
+    for (int i = 0; i < N; ++i) {
+      r.m[i] = x.m[i] & y.m[i];
+    }
+    return r;
+  }
+  static Mask either(const Mask& x, const Mask& y) {
+    Mask r;
+    for (int i = 0; i < N; ++i) {
+      r.m[i] = x.m[i] | y.m[i];
+    }
+    return r;
+  }
+  static D select(const Mask& m, const D& x, const D& y) {
+    D r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = _mm512_mask_blend_pd(m.m[i], y.v[i], x.v[i]);
+    }
+    return r;
+  }
+  static D trunc(const D& x) {
+    D r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = _mm512_roundscale_pd(x.v[i], _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    }
+    return r;
+  }
+  static void split_exponent(const D& x, D* m, D* k) {
+    for (int i = 0; i < N; ++i) {
+      const __m512i bits = _mm512_castpd_si512(x.v[i]);
+      k->v[i] = _mm512_cvtepi64_pd(
+          _mm512_sub_epi64(_mm512_and_si512(_mm512_srli_epi64(bits, 52), _mm512_set1_epi64(0x7ff)),
+                           _mm512_set1_epi64(1023)));
+      m->v[i] = _mm512_castsi512_pd(
+          _mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi64(0x000fffffffffffffll)),
+                          _mm512_set1_epi64(0x3ff0000000000000ll)));
+    }
+  }
+  static D sqrt(const D& x) {
+    D r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = _mm512_sqrt_pd(x.v[i]);
+    }
+    return r;
+  }
+};
+
+// Philox's word lanes.
+template <>
+struct Lanes<avx512::Words> {
+  using W = avx512::Words;
+  static W broadcast(uint32_t x) {
+    W r;
+    for (__m512i& v : r.set) {
+      v = _mm512_set1_epi32(static_cast<int>(x));
+    }
+    return r;
+  }
+  static W add(const W& x, const W& y) {
+    W r;
+    for (int i = 0; i < W::kSets; ++i) {
+      r.set[i] = _mm512_add_epi32(x.set[i], y.set[i]);
+    }
+    return r;
+  }
+  static W xor3(const W& x, const W& y, const W& z) {
+    W r;
+    for (int i = 0; i < W::kSets; ++i) {
+      r.set[i] = _mm512_ternarylogic_epi32(x.set[i], y.set[i], z.set[i], 0x96);
+    }
+    return r;
+  }
+  static void multiply(const W& x, uint32_t m, W* hi, W* lo) {
+    const __m512i mv = _mm512_set1_epi32(static_cast<int>(m));
+    // The high halves of the even and the odd lanes' 64-bit products, in one permute.
+    const __m512i high_index =
+        _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    for (int i = 0; i < W::kSets; ++i) {
+      const __m512i even = _mm512_mul_epu32(x.set[i], mv);
+      const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(x.set[i], 32), mv);
+      hi->set[i] = _mm512_permutex2var_epi32(even, high_index, odd);
+      lo->set[i] = _mm512_mullo_epi32(x.set[i], mv);
+    }
+  }
+};
+
+}  // namespace torchdefer::counter_math
+
 namespace torchdefer::counter_simd {
 namespace {
 
-using namespace counter_math_constants;
+using counter_math::kTwoPow32;
+using Words = counter_math::avx512::Words;
+using Pair = counter_math::avx512::Doubles<2>;
 
-// A group is four independent sets of 16 blocks: one set's rounds are a chain of dependent
-// multiplies and permutes, and interleaving four hides their latency (2.5x the throughput of one
-// set on Zen 4).
-constexpr int kSets = 4;
+constexpr int kSets = Words::kSets;
 constexpr int kGroupBlocks = 16 * kSets;
 constexpr int kGroupVectors = 4 * kSets;  // vectors of 16 words per group
 
@@ -28,53 +203,25 @@ constexpr int kGroupVectors = 4 * kSets;  // vectors of 16 words per group
 // consecutive elements.
 void philox(uint64_t base_block, uint64_t stream, uint64_t seed, __m512i out[kGroupVectors]) {
   const __m512i offsets = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  __m512i c[kSets][4];
+  Words c[4];
   for (int set = 0; set < kSets; ++set) {
     const uint64_t base = base_block + 16 * set;
-    c[set][0] = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(base)), offsets);
+    c[0].set[set] = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(base)), offsets);
     // The low counter word wrapped around in the lanes where it ended below its offset.
-    const __mmask16 carry = _mm512_cmplt_epu32_mask(c[set][0], offsets);
+    const __mmask16 carry = _mm512_cmplt_epu32_mask(c[0].set[set], offsets);
     const __m512i hi = _mm512_set1_epi32(static_cast<int>(base >> 32));
-    c[set][1] = _mm512_mask_add_epi32(hi, carry, hi, _mm512_set1_epi32(1));
-    c[set][2] = _mm512_set1_epi32(static_cast<int>(stream));
-    c[set][3] = _mm512_set1_epi32(static_cast<int>(stream >> 32));
+    c[1].set[set] = _mm512_mask_add_epi32(hi, carry, hi, _mm512_set1_epi32(1));
+    c[2].set[set] = _mm512_set1_epi32(static_cast<int>(stream));
+    c[3].set[set] = _mm512_set1_epi32(static_cast<int>(stream >> 32));
   }
-  __m512i k0 = _mm512_set1_epi32(static_cast<int>(seed));
-  __m512i k1 = _mm512_set1_epi32(static_cast<int>(seed >> 32));
-  const __m512i m0 = _mm512_set1_epi32(static_cast<int>(counter_math_constants::kPhiloxMul0));
-  const __m512i m1 = _mm512_set1_epi32(static_cast<int>(counter_math_constants::kPhiloxMul1));
-  const __m512i w0 = _mm512_set1_epi32(static_cast<int>(counter_math_constants::kPhiloxWeyl0));
-  const __m512i w1 = _mm512_set1_epi32(static_cast<int>(counter_math_constants::kPhiloxWeyl1));
-  // The high halves of the even and the odd lanes' 64-bit products, in one permute.
-  const __m512i high_index =
-      _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      k0 = _mm512_add_epi32(k0, w0);
-      k1 = _mm512_add_epi32(k1, w1);
-    }
-    for (int set = 0; set < kSets; ++set) {
-      __m512i* x = c[set];
-      const __m512i p0_even = _mm512_mul_epu32(x[0], m0);
-      const __m512i p0_odd = _mm512_mul_epu32(_mm512_srli_epi64(x[0], 32), m0);
-      const __m512i p1_even = _mm512_mul_epu32(x[2], m1);
-      const __m512i p1_odd = _mm512_mul_epu32(_mm512_srli_epi64(x[2], 32), m1);
-      const __m512i hi0 = _mm512_permutex2var_epi32(p0_even, high_index, p0_odd);
-      const __m512i hi1 = _mm512_permutex2var_epi32(p1_even, high_index, p1_odd);
-      const __m512i lo0 = _mm512_mullo_epi32(x[0], m0);
-      const __m512i lo1 = _mm512_mullo_epi32(x[2], m1);
-      x[0] = _mm512_ternarylogic_epi32(hi1, x[1], k0, 0x96);  // three-way xor
-      x[1] = lo1;
-      x[2] = _mm512_ternarylogic_epi32(hi0, x[3], k1, 0x96);
-      x[3] = lo0;
-    }
-  }
+  using L = counter_math::Lanes<Words>;
+  counter_math::philox_rounds<Words>(c, L::broadcast(static_cast<uint32_t>(seed)),
+                                     L::broadcast(static_cast<uint32_t>(seed >> 32)));
   for (int set = 0; set < kSets; ++set) {
-    const __m512i* x = c[set];
-    const __m512i t0 = _mm512_unpacklo_epi32(x[0], x[1]);
-    const __m512i t1 = _mm512_unpackhi_epi32(x[0], x[1]);
-    const __m512i t2 = _mm512_unpacklo_epi32(x[2], x[3]);
-    const __m512i t3 = _mm512_unpackhi_epi32(x[2], x[3]);
+    const __m512i t0 = _mm512_unpacklo_epi32(c[0].set[set], c[1].set[set]);
+    const __m512i t1 = _mm512_unpackhi_epi32(c[0].set[set], c[1].set[set]);
+    const __m512i t2 = _mm512_unpacklo_epi32(c[2].set[set], c[3].set[set]);
+    const __m512i t3 = _mm512_unpackhi_epi32(c[2].set[set], c[3].set[set]);
     out[4 * set] = _mm512_unpacklo_epi64(t0, t2);
     out[4 * set + 1] = _mm512_unpackhi_epi64(t0, t2);
     out[4 * set + 2] = _mm512_unpacklo_epi64(t1, t3);
@@ -88,95 +235,29 @@ void words_to_double(__m512i words, __m512d* lo, __m512d* hi) {
   *hi = _mm512_cvtepu32_pd(_mm512_extracti64x4_epi64(words, 1));
 }
 
-// The math below works on N independent vectors at once, step by step: each alone is a long
-// chain of dependent multiplies and adds (polynomials in Horner form), and interleaving two keeps
-// the floating-point units busy.
+Pair pair(__m512d first, __m512d second) {
+  Pair p;
+  p.v[0] = first;
+  p.v[1] = second;
+  return p;
+}
 
-// counter_math::log, lane by lane.
-template <int N>
-void log_n(const __m512d (&x)[N], __m512d (&out)[N]) {
-  __m512d s[N], s2[N], p[N], kd[N];
-  for (int i = 0; i < N; ++i) {
-    const __m512i bits = _mm512_castpd_si512(x[i]);
-    __m512i k =
-        _mm512_sub_epi64(_mm512_and_si512(_mm512_srli_epi64(bits, 52), _mm512_set1_epi64(0x7ff)),
-                         _mm512_set1_epi64(1023));
-    __m512d m = _mm512_castsi512_pd(
-        _mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi64(0x000fffffffffffffll)),
-                        _mm512_set1_epi64(0x3ff0000000000000ll)));
-    const __mmask8 above = _mm512_cmp_pd_mask(m, _mm512_set1_pd(kSqrt2), _CMP_GT_OQ);
-    m = _mm512_mask_mul_pd(m, above, m, _mm512_set1_pd(0.5));
-    k = _mm512_mask_add_epi64(k, above, k, _mm512_set1_epi64(1));
-    s[i] = (m - 1.0) / (m + 1.0);
-    s2[i] = s[i] * s[i];
-    p[i] = _mm512_set1_pd(1.0 / 25.0);
-    kd[i] = _mm512_cvtepi64_pd(k);
-  }
-  for (int n = 23; n >= 1; n -= 2) {
-    for (int i = 0; i < N; ++i) {
-      p[i] = 1.0 / n + s2[i] * p[i];
-    }
-  }
-  for (int i = 0; i < N; ++i) {
-    out[i] = kd[i] * kLn2Hi + (kd[i] * kLn2Lo + 2.0 * s[i] * p[i]);
+// Box–Muller on two registers of pairs at once.
+void box_muller_2(const __m512d (&u1)[2], const __m512d (&u2)[2], __m512d (&cos_value)[2],
+                  __m512d (&sin_value)[2]) {
+  Pair c, s;
+  counter_math::box_muller<Pair>(pair(u1[0], u1[1]), pair(u2[0], u2[1]), &c, &s);
+  for (int i = 0; i < 2; ++i) {
+    cos_value[i] = c.v[i];
+    sin_value[i] = s.v[i];
   }
 }
 
-// counter_math::sincos_2pi for t >= 0, lane by lane.
-template <int N>
-void sincos_2pi_n(const __m512d (&t)[N], __m512d (&sin)[N], __m512d (&cos)[N]) {
-  __m512i q[N];
-  __mmask8 low[N];
-  __m512d x[N], x2[N], ps[N], pc[N];
-  for (int i = 0; i < N; ++i) {
-    const __m512d whole = _mm512_cvtepi64_pd(_mm512_cvttpd_epi64(t[i]));
-    const __m512d y = 4.0 * (t[i] - whole);
-    q[i] = _mm512_cvttpd_epi64(y);
-    const __m512d f = y - _mm512_cvtepi64_pd(q[i]);
-    low[i] = _mm512_cmp_pd_mask(f, _mm512_set1_pd(0.5), _CMP_LE_OQ);
-    x[i] = _mm512_mask_blend_pd(low[i], (1.0 - f) * kHalfPi, f * kHalfPi);
-    x2[i] = x[i] * x[i];
-    ps[i] = _mm512_set1_pd(kInverseFactorial[19]);
-    pc[i] = _mm512_set1_pd(kInverseFactorial[20]);
-  }
-  // sincos_quarter(x): its sine and cosine trade places where f > 1/2.
-  for (int n = 17; n >= 1; n -= 2) {
-    for (int i = 0; i < N; ++i) {
-      ps[i] = kInverseFactorial[n] - x2[i] * ps[i];
-      pc[i] = kInverseFactorial[n + 1] - x2[i] * pc[i];
-    }
-  }
-  for (int i = 0; i < N; ++i) {
-    pc[i] = kInverseFactorial[0] - x2[i] * pc[i];
-    const __m512d xs = x[i] * ps[i];
-    const __m512d s = _mm512_mask_blend_pd(low[i], pc[i], xs);
-    const __m512d c = _mm512_mask_blend_pd(low[i], xs, pc[i]);
-    // Quadrant q: sin, cos = (s, c), (c, −s), (−s, −c), (−c, s).
-    const __m512i one = _mm512_set1_epi64(1);
-    const __mmask8 odd = _mm512_test_epi64_mask(q[i], one);
-    const __mmask8 sin_negative = _mm512_test_epi64_mask(q[i], _mm512_set1_epi64(2));
-    const __mmask8 cos_negative =
-        _mm512_test_epi64_mask(_mm512_xor_si512(q[i], _mm512_srli_epi64(q[i], 1)), one);
-    const __m512d sign = _mm512_set1_pd(-0.0);
-    const __m512d sin_value = _mm512_mask_blend_pd(odd, s, c);
-    const __m512d cos_value = _mm512_mask_blend_pd(odd, c, s);
-    sin[i] = _mm512_mask_xor_pd(sin_value, sin_negative, sin_value, sign);
-    cos[i] = _mm512_mask_xor_pd(cos_value, cos_negative, cos_value, sign);
-  }
-}
-
-// Box–Muller: standard normals r·cos 2πu2 and r·sin 2πu2.
-template <int N>
-void box_muller_n(const __m512d (&u1)[N], const __m512d (&u2)[N], __m512d (&cos_value)[N],
-                  __m512d (&sin_value)[N]) {
-  __m512d log_u1[N], s[N], c[N];
-  log_n<N>(u1, log_u1);
-  sincos_2pi_n<N>(u2, s, c);
-  for (int i = 0; i < N; ++i) {
-    const __m512d r = _mm512_sqrt_pd(-2.0 * log_u1[i]);
-    cos_value[i] = r * c[i];
-    sin_value[i] = r * s[i];
-  }
+// ln of two registers at once.
+void log_2(const __m512d (&x)[2], __m512d (&out)[2]) {
+  const Pair l = counter_math::log<Pair>(pair(x[0], x[1]));
+  out[0] = l.v[0];
+  out[1] = l.v[1];
 }
 
 // float32 to float16 bits, to nearest even; NaN becomes the sign and 0x7E00, as c10::Half does.
@@ -285,7 +366,7 @@ void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVecto
         u1[i] = (_mm512_cvtepu32_pd(_mm512_cvtepi64_epi32(w)) + 1.0) / kTwoPow32;
         u2[i] = _mm512_cvtepu32_pd(_mm512_cvtepi64_epi32(_mm512_srli_epi64(w, 32))) / kTwoPow32;
       }
-      box_muller_n<2>(u1, u2, c, s);
+      box_muller_2(u1, u2, c, s);
       for (int i = 0; i < 2; ++i) {
         __m512d lo, hi;
         interleave(job.a + job.b * c[i], job.a + job.b * s[i], &lo, &hi);
@@ -318,7 +399,7 @@ void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVecto
         words_to_double(words[v], &lo, &hi);
         const __m512d u[2] = {(lo + 1.0) / kTwoPow32, (hi + 1.0) / kTwoPow32};
         __m512d log_u[2];
-        log_n<2>(u, log_u);
+        log_2(u, log_u);
         lo = -log_u[0] / job.a;
         hi = -log_u[1] / job.a;
         break;
@@ -349,7 +430,7 @@ void wide_group(const Job& job, int64_t index, const __m512i words[kGroupVectors
         u1[i] = (top53(_mm512_permutex2var_epi64(a, first, b)) + 1.0) * 0x1p-53;
         u2[i] = top53(_mm512_permutex2var_epi64(a, second, b)) * 0x1p-53;
       }
-      box_muller_n<2>(u1, u2, c, s);
+      box_muller_2(u1, u2, c, s);
       for (int i = 0; i < 2; ++i) {
         __m512d lo, hi;
         interleave(job.a + job.b * c[i], job.a + job.b * s[i], &lo, &hi);
@@ -364,7 +445,7 @@ void wide_group(const Job& job, int64_t index, const __m512i words[kGroupVectors
       const __m512d u[2] = {(top53(words[v]) + 1.0) * 0x1p-53,
                             (top53(words[v + 1]) + 1.0) * 0x1p-53};
       __m512d log_u[2];
-      log_n<2>(u, log_u);
+      log_2(u, log_u);
       _mm512_storeu_pd(out + 8 * v, -log_u[0] / job.a);
       _mm512_storeu_pd(out + 8 * v + 8, -log_u[1] / job.a);
     }

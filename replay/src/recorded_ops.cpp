@@ -104,15 +104,11 @@ std::optional<TruncatedNormalParams> truncated_normal_params(const RecordedNode&
 
 void counter_fill_truncated_normal(const at::Tensor& out, const TruncatedNormalParams& params,
                                    uint64_t seed, uint64_t stream, const CounterRegion& region) {
-  const auto normal_cdf = [](double x) { return (1.0 + std::erf(x / std::sqrt(2.0))) / 2.0; };
-  const double low = normal_cdf((params.a - params.mean) / params.std);
-  const double high = normal_cdf((params.b - params.mean) / params.std);
-  counter_fill(out, {CounterDistribution::kUniform, 2 * low - 1, 2 * high - 1}, seed, stream,
-               region);
-  out.erfinv_();
-  out.mul_(params.std * std::sqrt(2.0));
-  out.add_(params.mean);
-  out.clamp_(params.a, params.b);
+  CounterDistributionParams distribution{CounterDistribution::kTruncatedNormal, params.mean,
+                                         params.std};
+  distribution.low = params.a;
+  distribution.high = params.b;
+  counter_fill(out, distribution, seed, stream, region);
 }
 
 }  // namespace

@@ -418,5 +418,44 @@ TEST(CounterRng, OtherDistributionsHaveTheirMoments) {
   EXPECT_TRUE(torch::floor(geometric).equal(geometric));
 }
 
+CounterDistributionParams truncated_normal(double mean, double std, double low, double high) {
+  CounterDistributionParams p{Distribution::kTruncatedNormal, mean, std};
+  p.low = low;
+  p.high = high;
+  return p;
+}
+
+TEST(CounterRng, TruncatedNormalFollowsItsDistributionInEveryFloatingDtype) {
+  // N(0.5, 1) cut to [-0.5, 1.5]: mean 0.5, std 0.5396.
+  for (c10::ScalarType dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+    const at::Tensor x = filled({200000}, dtype, truncated_normal(0.5, 1.0, -0.5, 1.5));
+    EXPECT_GE(x.min().item<double>(), -0.5) << dtype;
+    EXPECT_LE(x.max().item<double>(), 1.5) << dtype;
+    EXPECT_NEAR(x.to(at::kDouble).mean().item<double>(), 0.5, 0.01) << dtype;
+    EXPECT_NEAR(x.to(at::kDouble).std().item<double>(), 0.5396, 0.01) << dtype;
+  }
+  // Bounds far in the tails: std 0.02 cut at ±2, the uniform reaches ±1 and erfinv ±inf.
+  const at::Tensor wide = filled({100000}, at::kFloat, truncated_normal(0.0, 0.02, -2.0, 2.0));
+  EXPECT_TRUE(torch::isfinite(wide).all().item<bool>());
+  EXPECT_NEAR(wide.std().item<double>(), 0.02, 0.001);
+}
+
+TEST(CounterRng, TruncatedNormalShardsOfEveryWorldSizeAgree) {
+  const CounterDistributionParams p = truncated_normal(0.0, 0.02, -0.04, 0.04);
+  const std::vector<int64_t> global = {70, 33};
+  const at::Tensor full = filled(global, at::kFloat, p);
+  for (const int64_t world : {2, 3, 7}) {
+    std::vector<at::Tensor> parts;
+    for (int64_t rank = 0; rank < world; ++rank) {
+      const int64_t rows = 70 / world + (rank < 70 % world ? 1 : 0);
+      const int64_t start = rank * (70 / world) + std::min(rank, 70 % world);
+      at::Tensor part = torch::empty({rows, 33});
+      counter_fill(part, p, 7, 3, {global, std::vector<int64_t>{start, 0}});
+      parts.push_back(part);
+    }
+    EXPECT_TRUE(bitwise_equal(torch::cat(parts), full)) << world;
+  }
+}
+
 }  // namespace
 }  // namespace torchdefer

@@ -30,24 +30,30 @@ namespace torchdefer {
 //  * bernoulli(p): w·2^-32 < p. random(from, to): from + draw mod (to − from), the draw 32 or 64
 //    bits by the range. exponential(λ): −ln(u1)/λ. log_normal: exp of the normal value.
 //    cauchy(m, σ): m + σ·tan(π(u − ½)). geometric(p): max(1, ceil(ln u1 / ln(1 − p))).
+//  * truncated normal(mean, std, low, high) (Note [Counter-mode truncated normal]): u the uniform
+//    over [erf(α/√2), erf(β/√2)) with α, β = (low or high − mean)/std, the value
+//    clamp(mean + std·(√2·erfinv(u)), low, high), in double, then rounded.
 //
-// Every step is IEEE + − × ÷ and sqrt, exact bit operations, and torchdefer's own log, exp and
-// sincos built from those (counter_math below); the translation unit is compiled with FP
-// contraction off. So the bits do not depend on the C library, the CPU or the compiler's fusing
-// of multiply-adds, and a CUDA kernel written from this note reproduces them.
+// Every step is IEEE + − × ÷ and sqrt, exact bit operations, and torchdefer's own log, exp,
+// sincos, erf and erfinv built from those (counter_math below), compiled with FP contraction off
+// (-ffp-contract=off, and -fmad=false for nvcc). So the bits do not depend on the C library, the
+// CPU, the GPU or the compiler's fusing of multiply-adds: the CPU fill, its vector kernels and
+// the CUDA kernel share one definition (replay/src/counter_math.h), and have the same bits. A
+// NaN result is stored as the x86 default NaN (negative, quiet) on every device.
 
 // One Philox4x32-10 block.
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
 
 enum class CounterDistribution {
-  kUniform,      // a = from, b = to
-  kNormal,       // a = mean, b = std
-  kBernoulli,    // a = p
-  kRandom,       // from = from, range = to − from (0: the dtype's default random_() range)
-  kExponential,  // a = lambda
-  kLogNormal,    // a = mean, b = std (of the underlying normal)
-  kCauchy,       // a = median, b = sigma
-  kGeometric,    // a = p
+  kUniform,          // a = from, b = to
+  kNormal,           // a = mean, b = std
+  kBernoulli,        // a = p
+  kRandom,           // from = from, range = to − from (0: the dtype's default random_() range)
+  kExponential,      // a = lambda
+  kLogNormal,        // a = mean, b = std (of the underlying normal)
+  kCauchy,           // a = median, b = sigma
+  kGeometric,        // a = p
+  kTruncatedNormal,  // a = mean, b = std, low and high the bounds
 };
 
 struct CounterDistributionParams {
@@ -56,6 +62,8 @@ struct CounterDistributionParams {
   double b = 1.0;
   int64_t from = 0;
   uint64_t range = 0;
+  double low = 0.0;   // kTruncatedNormal
+  double high = 0.0;  // kTruncatedNormal
 };
 
 // The element space of one random op's output: its global shape, and where `out` sits in it.
@@ -65,8 +73,10 @@ struct CounterRegion {
   c10::IntArrayRef start;
 };
 
-// Fills `out` (any strides, any floating, integer or bool dtype the distribution allows) with
-// the values of the elements of op output `region` at `out`'s positions. Multi-threaded.
+// Fills `out` (any strides, any floating, integer or bool dtype the distribution allows, on any
+// device) with the values of the elements of op output `region` at `out`'s positions.
+// Multi-threaded on the CPU; a CUDA kernel on CUDA in CUDA builds; through bounded host chunks on
+// any other device (Note [Counter fill on other devices]).
 void counter_fill(const at::Tensor& out, const CounterDistributionParams& params, uint64_t seed,
                   uint64_t stream, CounterRegion region = {});
 

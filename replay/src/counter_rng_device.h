@@ -1,0 +1,34 @@
+// How the counter fill lays out a region in memory, shared by the CPU fill and the CUDA dispatch
+// (Note [Merged rows], Note [Counter fill on other devices]).
+#pragma once
+
+#include "counter_math.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace torchdefer {
+
+// `out` as rows after merging (Note [Merged rows]): its sizes and strides, and for each dimension
+// the region's start and the row-major stride of the op's (merged) global shape.
+struct CounterLayout {
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  std::vector<int64_t> start;
+  std::vector<int64_t> global_strides;
+};
+
+CounterLayout merge_rows(const at::Tensor& out, c10::IntArrayRef global,
+                         const std::vector<int64_t>& start);
+
+#ifdef TORCHDEFER_WITH_CUDA
+// Fills CUDA tensor `out` in place on its current stream (counter_rng_cuda.cpp); false, touching
+// nothing, for a layout the kernel does not take (the caller then fills through the host).
+bool counter_fill_cuda(const at::Tensor& out, const counter_math::ElementParams& params,
+                       const CounterLayout& layout);
+#endif
+
+}  // namespace torchdefer
