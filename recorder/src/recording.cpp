@@ -248,7 +248,7 @@ class Recorder {
       return;
     }
     OpGraph& graph = *recording.graph;
-    const std::lock_guard<std::mutex> lock(graph.mutex());
+    const auto lock = graph.lock();
     for (const RealRead& read : found->second) {
       const RecordedInput& held = graph.nodes()[read.node].inputs[read.input];
       if (held.tensor.is_inference() || held.tensor._version() == held.version) {
@@ -287,7 +287,7 @@ class Recorder {
           " (", schema_.name(), ") in deferred_init of ", tls_graph->context()));
       throw;
     }
-    if (detail::is_random(op_)) {
+    if (is_random(op_)) {
       detail::settle_generator();  // it draws now, where eager would have drawn
     }
     RealOnlyGuard real_only;
@@ -366,7 +366,7 @@ class Recorder {
   // recording that factory would return a fake that nothing records, turning the whole result
   // into a fake with no recorded origin.
   void run_real(c10::DispatchKeySet keys) {
-    if (detail::is_random(op_)) {
+    if (is_random(op_)) {
       // An unrecorded op is about to draw: the generator must be where eager would have it.
       detail::settle_generator();
     }
