@@ -72,7 +72,7 @@ int64_t anchor_here(OpGraph& graph) {
         chain.expected = impl->engine().data();
         return generator.get_state();
       });
-  const std::lock_guard<std::mutex> lock(graph.mutex());
+  const auto lock = graph.lock();
   return graph.add_rng_anchor(std::move(state));
 }
 
