@@ -41,6 +41,8 @@ macro(torchdefer_add_cuda_counter_fill)
       add_library(torchdefer_cuda_counter_fill OBJECT
                   ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/counter_fill.cu)
       target_compile_options(torchdefer_cuda_counter_fill PRIVATE -fmad=false)
+      target_include_directories(torchdefer_cuda_counter_fill
+                                 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/internal)
       set_target_properties(torchdefer_cuda_counter_fill PROPERTIES POSITION_INDEPENDENT_CODE ON)
       if(CAFFE2_USE_CUDA)
         target_sources(torchdefer_replay PRIVATE $<TARGET_OBJECTS:torchdefer_cuda_counter_fill>

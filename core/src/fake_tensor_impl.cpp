@@ -71,7 +71,8 @@ void FakeTensorImpl::refresh_access_errors() {
   std::ostringstream message;
   message << "Cannot access the data or storage of " << describe_impl(*this)
           << ": a fake tensor has shape, dtype and device but no storage. Materialize it before "
-             "reading its data (data_ptr, item, storage, printing values).";
+             "reading its data (data_ptr, item, storage, printing values); to print what it is, "
+             "use torchdefer::describe(t) (Python: torchdefer.describe(t)).";
   release_storage_and_set_meta_custom_data_ptr_error_msg_(message.str());
 }
 

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include <torchdefer/counter_distribution.h>
+
 #if defined(__CUDACC__)
 #define TORCHDEFER_HOST_DEVICE __host__ __device__
 #else
@@ -489,17 +491,7 @@ TORCHDEFER_HOST_DEVICE inline bool same_value(T x, T y) {
 // ---------------------------------------------------------------------------------------------
 // Distributions (Note [Counter RNG]), one element at a time.
 
-enum class Distribution {
-  kUniform,          // a = from, b = to
-  kNormal,           // a = mean, b = std
-  kBernoulli,        // a = p
-  kRandom,           // from, range (0: the dtype's default random_() range)
-  kExponential,      // a = lambda
-  kLogNormal,        // a = mean, b = std (of the underlying normal)
-  kCauchy,           // a = median, b = sigma
-  kGeometric,        // a = p
-  kTruncatedNormal,  // a = mean, b = std, low and high the bounds
-};
+using Distribution = CounterDistribution;
 
 // What an element's value depends on besides its index.
 struct ElementParams {

@@ -62,7 +62,7 @@ static_assert(sizeof(math::HalfBits) == sizeof(c10::Half) &&
 math::ElementParams element_params(const CounterDistributionParams& p, uint64_t seed,
                                    uint64_t stream) {
   math::ElementParams e;
-  e.distribution = static_cast<math::Distribution>(p.distribution);
+  e.distribution = p.distribution;
   e.a = p.a;
   e.b = p.b;
   e.from = p.from;
@@ -73,9 +73,6 @@ math::ElementParams element_params(const CounterDistributionParams& p, uint64_t 
   e.stream = stream;
   return e;
 }
-
-static_assert(static_cast<int>(CounterDistribution::kTruncatedNormal) ==
-              static_cast<int>(math::Distribution::kTruncatedNormal));
 
 #if defined(__x86_64__)
 #define TORCHDEFER_X86_KERNELS 1

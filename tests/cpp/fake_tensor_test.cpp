@@ -336,8 +336,9 @@ TEST(FakeTensorErrors, StreamingValuesSaysTheTensorIsFake) {
   FakeMode fake(at::kCUDA);
   at::Tensor w = torch::empty({3, 4});
   std::ostringstream printed;
-  EXPECT_THAT(error_of([&] { printed << w; }),
-              HasSubstr("fake tensor has shape, dtype and device"));
+  const std::string message = error_of([&] { printed << w; });
+  EXPECT_THAT(message, HasSubstr("fake tensor has shape, dtype and device"));
+  EXPECT_THAT(message, HasSubstr("torchdefer::describe(t)"));
 }
 
 TEST(FakeTensorErrors, DataPtrNamesTheTensorAndSaysToMaterialize) {

@@ -3,6 +3,8 @@
 // rank, with the same bits that the full tensor has.
 #pragma once
 
+#include <torchdefer/counter_distribution.h>
+
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
@@ -43,18 +45,6 @@ namespace torchdefer {
 
 // One Philox4x32-10 block.
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
-
-enum class CounterDistribution {
-  kUniform,          // a = from, b = to
-  kNormal,           // a = mean, b = std
-  kBernoulli,        // a = p
-  kRandom,           // from = from, range = to − from (0: the dtype's default random_() range)
-  kExponential,      // a = lambda
-  kLogNormal,        // a = mean, b = std (of the underlying normal)
-  kCauchy,           // a = median, b = sigma
-  kGeometric,        // a = p
-  kTruncatedNormal,  // a = mean, b = std, low and high the bounds
-};
 
 struct CounterDistributionParams {
   CounterDistribution distribution = CounterDistribution::kUniform;
