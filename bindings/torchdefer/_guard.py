@@ -33,6 +33,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch.utils.hooks import RemovableHandle
 
+import torchdefer
 from torchdefer import _C, _recording
 
 # module -> its qualified name in the module deferred_init returned ("" for that module itself).
@@ -42,7 +43,7 @@ _INTERNALS = frozenset({"_parameters", "_buffers", "_modules"})
 
 
 def guard(result: Any) -> None:
-    """Guards ``result`` if it is a module that still holds fakes (deferred_init's return value)."""
+    """Guards ``result`` and every module in it, if it is a module (deferred_init's return value)."""
     global _handle
     if not isinstance(result, torch.nn.Module):
         return
@@ -79,8 +80,7 @@ def _guarded_module(module: torch.nn.Module) -> Tuple[Optional[str], bool]:
 
 
 def _is_fake(tensor: torch.Tensor) -> bool:
-    local = getattr(tensor, "_local_tensor", None)  # a DTensor's shard (FSDP2, tensor parallel)
-    data = local if isinstance(local, torch.Tensor) else tensor
+    data = torchdefer._data_of(tensor)  # a DTensor's local shard (FSDP2, tensor parallel)
     return _C.is_fake(data) or _C._is_neither_real_nor_fake(data)
 
 
@@ -91,10 +91,11 @@ def _own_fakes(module: torch.nn.Module) -> List[str]:
     for attribute, value in vars(module).items():
         if attribute in _INTERNALS:
             continue
-        values = value.values() if isinstance(value, dict) else value
         if isinstance(value, torch.Tensor):
             values = [value]
-        elif not isinstance(value, (list, tuple, dict)):
+        elif isinstance(value, (list, tuple, dict)):
+            values = value.values() if isinstance(value, dict) else value
+        else:
             continue
         if any(isinstance(v, torch.Tensor) and _is_fake(v) for v in values):
             names.append(attribute)
