@@ -371,8 +371,7 @@ def materialize_module(
     if entries:
         with _progress_callback(progress, "tensor" if shard is not None else "op") as callback:
             stats = _C.materialize_named(entries, target, rng, counter_seed, shard, progress=callback)
-    if check_fn is None and not buffers_only:
-        _guard.release(module)  # all of it is real now
+    _guard.release(module)  # a forward is checked no more once all of it is real
     return stats
 
 

@@ -20,9 +20,10 @@ every submodule of the module it returns, with its qualified name, in a weak tab
 module in the table checks the tensors of its subtree (parameters, buffers, tensor attributes,
 the local tensor of a DTensor): if one is fake it raises; if none is, the module and its subtree
 leave the table, so each module is checked at most once after it turned real. ``materialize_module``
-empties the table for the module it materialized whole, and the hook goes when the table is
-empty (at once, or at the next module call once the garbage collector emptied it). A forward under :func:`torchdefer.fake_mode` (or inside deferred_init, as constructors that
-run a forward to infer shapes do) is a forward on fakes on purpose and is let through.
+takes the module it materialized out of the table when all of it is real, and the hook goes when
+the table is empty (at once, or at the next module call once the garbage collector emptied it).
+A forward under :func:`torchdefer.fake_mode` (or inside deferred_init, as constructors that run a
+forward to infer shapes do) is a forward on fakes on purpose and is let through.
 """
 
 from __future__ import annotations
@@ -54,7 +55,14 @@ def guard(result: Any) -> None:
 
 
 def release(module: torch.nn.Module) -> None:
-    """Forgets ``module`` and its subtree: called once every tensor in it is real."""
+    """Forgets ``module`` and its subtree if every tensor in it is real (after materialize_module;
+    a DTensor's local shard counts, which materialize_module may not have reached)."""
+    if not _guarded or _holders(module, ""):
+        return
+    _forget(module)
+
+
+def _forget(module: torch.nn.Module) -> None:
     for submodule in module.modules():
         _guarded.pop(submodule, None)
     _remove_hook_if_unused()
@@ -138,7 +146,7 @@ def _check_before_forward(module: torch.nn.Module, args: Any) -> None:
         return
     holders = _holders(module, name)
     if not holders:
-        release(module)
+        _forget(module)
         return
     where, kind, fakes = holders[0]
     more = f" (and {len(holders) - 1} more modules)" if len(holders) > 1 else ""
