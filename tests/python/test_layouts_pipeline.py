@@ -145,3 +145,20 @@ def pipeline_worker(rank, world):
 
 def test_two_pipeline_stages_over_gloo_run_the_full_models_forward(tmp_path):
     run_ranks(tmp_path, 2, pipeline_worker)
+
+
+def test_a_kept_tensor_computed_from_a_deleted_layers_gets_its_values():
+    class Derived(Model):
+        def __init__(self):
+            super().__init__()
+            with torch.no_grad():  # the output layer starts as a scaled copy of the embedding
+                self.output.weight.copy_(self.embed.weight * 0.5)
+
+    torch.manual_seed(0)
+    full = Derived()
+    torch.manual_seed(0)
+    last = cut(torchdefer.deferred_init(Derived), 1, 2)
+    assert last.embed is None
+    ops = materialize_counting_ops(last, "torch")
+    assert bitwise_equal(last.output.weight, full.output.weight)
+    assert ops.count("aten::normal_") == 3  # the embedding's draw (read), layers 2 and 3's mlp
