@@ -45,7 +45,7 @@ if torch.__version__.split("+")[0] != _BUILT_FOR_TORCH:
 
 from torchdefer import _C  # noqa: E402  (after the check: a mismatched _C may not even load)
 from torchdefer._C import Shard
-from torchdefer import _recording
+from torchdefer import _guard, _recording
 
 __all__ = [
     "Shard",
@@ -147,7 +147,9 @@ def deferred_init(module_cls_or_callable: Callable[..., Any], *args: Any, **kwar
         )
     name = getattr(module_cls_or_callable, "__qualname__", repr(module_cls_or_callable))
     with _recording.mode(), _C._RecordingScope(name):
-        return module_cls_or_callable(*args, **kwargs)
+        result = module_cls_or_callable(*args, **kwargs)
+    _guard.guard(result)  # a forward before materializing fails at once (Note [Forgetting to materialize])
+    return result
 
 
 # Note [Walking a module]
@@ -365,10 +367,12 @@ def materialize_module(
     _check_options(shard, rng, check_fn, counter_seed, progress)
     target = _target_device(device)
     entries = _named_tensors(module, check_fn, buffers_only, real=shard is not None)
-    if not entries:
-        return []
-    with _progress_callback(progress, "tensor" if shard is not None else "op") as callback:
-        return _C.materialize_named(entries, target, rng, counter_seed, shard, progress=callback)
+    stats: List[Dict[str, Any]] = []
+    if entries:
+        with _progress_callback(progress, "tensor" if shard is not None else "op") as callback:
+            stats = _C.materialize_named(entries, target, rng, counter_seed, shard, progress=callback)
+    _guard.release(module)  # a forward is checked no more once all of it is real
+    return stats
 
 
 def materialize_tensor(

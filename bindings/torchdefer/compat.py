@@ -33,6 +33,7 @@ from typing import Callable, Optional
 import torch
 
 import torchdefer
+from torchdefer import _heap
 
 __all__ = ["install", "is_installed"]
 
@@ -52,6 +53,7 @@ def _materialize_module(
     rejects already-wrapped units and ignored modules, whose subtrees FSDP manages itself, so
     both readings agree there.
     """
+    _heap.return_free_memory()  # what the previous unit freed (Note [FSDP1 units and the heap])
     torchdefer.materialize_module(module, buffers_only=buffers_only, check_fn=check_fn)
 
 
