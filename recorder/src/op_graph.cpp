@@ -1,5 +1,7 @@
 #include <torchdefer/op_graph.h>
 
+#include <torchdefer/rng_anchors.h>
+
 #include <atomic>
 
 namespace torchdefer {
@@ -72,8 +74,8 @@ void OpGraph::add_write(int64_t node, const at::Tensor& fake) {
   }
 }
 
-int64_t OpGraph::add_rng_anchor(at::Tensor state) {
-  rng_anchors_.push_back(std::move(state));
+int64_t OpGraph::add_rng_anchor(std::shared_ptr<RngAnchor> anchor) {
+  rng_anchors_.push_back(std::move(anchor));
   return static_cast<int64_t>(rng_anchors_.size()) - 1;
 }
 

@@ -96,7 +96,7 @@ class Recorder {
     if (graph_ == nullptr || (!has_fake_ && has_tensor_)) {
       if (detail::is_random(op_)) {
         // An unrecorded op is about to draw: the generator must be where eager would have it.
-        detail::settle_generator();
+        detail::settle_generator_exactly();
       }
       redispatch(keys);
       return;
@@ -339,8 +339,10 @@ void set_value_reader(ValueReader reader) {
   value_reader = reader;
 }
 
-RecordingScope::RecordingScope(std::string context)
-    : include_deferred_init_(kDeferredInitKey), saved_graph_(tls_graph) {
+RecordingScope::RecordingScope(std::string context, DeferredInitOptions options)
+    : include_deferred_init_(kDeferredInitKey),
+      saved_graph_(tls_graph),
+      exact_generator_(options.exact_generator()) {
   auto graph = std::make_shared<OpGraph>(std::move(context));
   graph->set_counter_seed(default_generator_digest());
   tls_graph = std::move(graph);
@@ -348,7 +350,17 @@ RecordingScope::RecordingScope(std::string context)
 
 RecordingScope::~RecordingScope() {
   tls_graph = std::move(saved_graph_);
-  settle_generator();
+  if (!exact_generator_) {
+    settle_generator();
+    return;
+  }
+  try {
+    settle_generator_exactly();
+  } catch (const c10::Error& e) {
+    // A destructor must not throw; the generator stays owed, and the warning says why.
+    TORCH_WARN("torchdefer: exact_generator: could not resolve the random ops of this recording: ",
+               e.what_without_backtrace());
+  }
 }
 
 }  // namespace detail

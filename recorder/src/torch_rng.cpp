@@ -3,6 +3,7 @@
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/mt19937_jump.h>
+#include <torchdefer/rng_anchors.h>
 #include <torchdefer/torch_compat.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -25,14 +26,12 @@ struct Chain {
   uint64_t offset = 0;              // draws placed since the anchor
   uint64_t unapplied = 0;           // of those, not yet applied to the generator
   at::mt19937_data_pod expected{};  // the engine as the chain last left it
+  // The anchor is lazy or continues from one (Note [Lazy RNG anchors]): the draws cannot be
+  // applied until it is resolved, and the chain ends as the owed generator.
+  bool lazy = false;
 };
 
 thread_local Chain chain;
-
-bool same_engine(const at::mt19937_data_pod& a, const at::mt19937_data_pod& b) {
-  return a.seed_ == b.seed_ && a.left_ == b.left_ && a.seeded_ == b.seeded_ && a.next_ == b.next_ &&
-         a.state_ == b.state_;
-}
 
 template <typename F>
 auto with_default_generator(F&& f) {
@@ -67,7 +66,7 @@ bool generator_moved() {
 int64_t anchor_here(OpGraph& graph) {
   return with_default_generator([&](at::Generator& generator, at::CPUGeneratorImpl* impl) {
     chain.expected = impl->engine().data();
-    return graph.add_rng_anchor(generator.get_state());
+    return graph.add_rng_anchor(RngAnchor::known(generator.get_state()));
   });
 }
 
@@ -98,6 +97,12 @@ uint64_t random_words(std::optional<int64_t> from, std::optional<int64_t> to,
 DrawPlan known(uint64_t draws) { return {DrawPlan::Kind::kKnown, draws, {}}; }
 DrawPlan on_scratch() { return {DrawPlan::Kind::kRunOnScratch, 0, {}}; }
 
+bool is_rejection_sampler(std::string_view name) {
+  return name == "torchdefer::trunc_normal_" || name == "aten::poisson" ||
+         name == "aten::_standard_gamma" || name == "aten::binomial" ||
+         name == "aten::_sample_dirichlet";
+}
+
 }  // namespace
 
 bool is_random(const c10::OperatorHandle& op) {
@@ -113,6 +118,9 @@ DrawPlan plan_draws(const c10::FunctionSchema& schema, const std::vector<c10::IV
     }
   }
   const std::string& name = schema.name();
+  if (is_rejection_sampler(name)) {
+    return {DrawPlan::Kind::kValueDependent, 0, {}};
+  }
   const uint64_t n = static_cast<uint64_t>(target.numel());
   const c10::ScalarType dtype = target.scalar_type();
   if (name == "aten::uniform_" || name == "aten::rand" || name == "aten::rand_like") {
@@ -145,49 +153,72 @@ DrawPlan plan_draws(const c10::FunctionSchema& schema, const std::vector<c10::IV
 
 namespace {
 
-// Runs `node` for real on CPU tensors shaped like its fakes, drawing from the default generator
-// exactly as eager would have. Returns why it cannot, if it cannot.
-std::optional<std::string> run_on_scratch(const RecordedNode& node, const at::Tensor& target) {
-  const c10::FunctionSchema& schema = node.op.schema();
-  const bool writes_self = writes_first_argument(schema);
-  RealOnlyGuard real_only;
-  c10::AutoGradMode no_grad(false);
-  torch::jit::Stack stack;
-  size_t next_input = 0;
-  std::optional<std::string> problem;
-  for (size_t i = 0; i < node.arguments.size(); ++i) {
-    const c10::Argument& argument = schema.arguments()[i];
-    if (argument.name() == "device" && node.arguments[i].isDevice()) {
-      stack.emplace_back(c10::Device(c10::kCPU));
-      continue;
-    }
-    stack.push_back(map_tensors(node.arguments[i], [&](const at::Tensor&) {
-      const RecordedInput& input = node.inputs[next_input++];
-      switch (input.kind) {
-        case RecordedInput::Kind::kUndefined:
-          return at::Tensor();
-        case RecordedInput::Kind::kReal:
-        case RecordedInput::Kind::kConstant:
-          return input.tensor;
-        case RecordedInput::Kind::kValue:
-          if (writes_self && i == 0) {
-            return at::empty_strided(target.sizes(), target.strides(),
-                                     at::TensorOptions().dtype(target.scalar_type()));
-          }
-          [[fallthrough]];
-        case RecordedInput::Kind::kForeignFake:
-          problem = "how many numbers it draws depends on the values of its fake argument '" +
-                    argument.name() + "'";
-          return at::Tensor();
-      }
-      return at::Tensor();
-    }));
+// Starts the chain on `graph`: from the owed generator if there is one (Note [The generator after
+// deferred_init]), else from the generator's state now.
+void start_chain(const std::shared_ptr<OpGraph>& graph) {
+  chain = Chain{};
+  chain.graph = graph;
+  std::optional<GeneratorDebt> owed = take_generator_debt();
+  if (!owed) {
+    chain.anchor = anchor_here(*graph);
+    return;
   }
-  if (problem) {
-    return problem;
+  chain.lazy = true;
+  chain.expected = owed->expected;
+  if (owed->graph.lock() == graph) {
+    chain.anchor = owed->graph_anchor;
+    chain.offset = owed->offset;
+    return;
   }
-  node.op.callBoxed(&stack);
-  return std::nullopt;
+  chain.anchor =
+      graph->add_rng_anchor(RngAnchor::after(owed->anchor, owed->offset, std::nullopt, {}));
+}
+
+void continue_chain(const std::shared_ptr<OpGraph>& graph) {
+  if (chain.graph == graph && chain.anchor >= 0 && !generator_moved()) {
+    return;
+  }
+  settle_generator();
+  start_chain(graph);
+}
+
+// Places an op of `count` draws at the chain's end.
+void place_counted(uint64_t count, RecordedDraws& draws) {
+  draws.kind = RecordedDraws::Kind::kPlaced;
+  draws.anchor = chain.anchor;
+  draws.offset = chain.offset;
+  draws.draws = count;
+  chain.offset += count;
+  chain.unapplied += count;
+}
+
+// A value-dependent sampler: placed on the chain, which continues from the lazy anchor after it.
+RecordedDraws place_sampler(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
+                            const at::Tensor& target) {
+  RecordedDraws draws;
+  draws.kind = RecordedDraws::Kind::kAnchorOnly;
+  draws.anchor = chain.anchor;
+  draws.offset = chain.offset;
+  draws.end_anchor = graph->add_rng_anchor(
+      RngAnchor::after(graph->rng_anchor(chain.anchor), chain.offset, node, target));
+  chain.anchor = draws.end_anchor;
+  chain.offset = 0;
+  chain.unapplied = 0;  // part of the lazy anchor's start now
+  chain.lazy = true;
+  return draws;
+}
+
+// A kernel whose draws only its run can count, while the generator is where eager has it: runs
+// it on scratch now, so that the chain after it is known.
+RecordedDraws run_on_scratch_now(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
+                                 const at::Tensor& target) {
+  settle_generator();
+  RecordedDraws draws;
+  draws.kind = RecordedDraws::Kind::kAnchorOnly;
+  draws.anchor = anchor_here(*graph);
+  run_sampler_on_scratch(node, target.sizes(), target.strides(), target.scalar_type());
+  chain = Chain{};
+  return draws;
 }
 
 }  // namespace
@@ -201,31 +232,23 @@ RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const Rec
     draws.reason = plan.reason;
     return draws;
   }
-  if (plan.kind == DrawPlan::Kind::kRunOnScratch) {
-    settle_generator();
-    draws.kind = RecordedDraws::Kind::kAnchorOnly;
-    draws.anchor = anchor_here(*graph);
-    if (std::optional<std::string> problem = run_on_scratch(node, target)) {
-      draws = RecordedDraws{RecordedDraws::Kind::kUnplaceable, -1, 0, 0, *problem};
-    }
-    chain = Chain{};
+  if (plan.kind == DrawPlan::Kind::kKnown) {
+    continue_chain(graph);
+    place_counted(plan.draws, draws);
+  } else if (std::optional<std::string> problem = unresolvable_sampler(node)) {
+    draws.kind = RecordedDraws::Kind::kUnplaceable;
+    draws.reason = *problem;
     return draws;
-  }
-  if (chain.graph != graph || chain.anchor < 0 || generator_moved()) {
-    if (chain.anchor >= 0 && !generator_moved()) {
-      apply_unapplied();
+  } else {
+    continue_chain(graph);
+    if (plan.kind == DrawPlan::Kind::kRunOnScratch && !chain.lazy) {
+      return run_on_scratch_now(graph, node, target);
     }
-    chain = Chain{};
-    chain.graph = graph;
-    chain.anchor = anchor_here(*graph);
+    draws = place_sampler(graph, node, target);
   }
-  draws.kind = RecordedDraws::Kind::kPlaced;
-  draws.anchor = chain.anchor;
-  draws.offset = chain.offset;
-  draws.draws = plan.draws;
-  chain.offset += plan.draws;
-  chain.unapplied += plan.draws;
-  if (!in_recording_scope) {
+  if (!in_recording_scope && chain.lazy) {
+    settle_generator();  // the owed generator is what a materialization pays
+  } else if (!in_recording_scope) {
     apply_unapplied();
   }
   return draws;
@@ -243,10 +266,23 @@ uint64_t default_generator_digest() {
 }
 
 void settle_generator() {
-  if (chain.anchor >= 0) {
+  if (chain.anchor < 0) {
+    chain = Chain{};
+    return;
+  }
+  if (chain.lazy) {
+    const std::shared_ptr<RngAnchor>& anchor = chain.graph->rng_anchor(chain.anchor);
+    set_generator_debt(GeneratorDebt{anchor, chain.offset, chain.expected, chain.graph->context(),
+                                     anchor->pending_samplers(), chain.graph, chain.anchor});
+  } else {
     apply_unapplied();
   }
   chain = Chain{};
+}
+
+void settle_generator_exactly() {
+  settle_generator();
+  pay_generator_debt_now();
 }
 
 }  // namespace torchdefer::detail

@@ -26,14 +26,21 @@ namespace torchdefer::detail {
 // elements or non-contiguous, which caches a Box–Muller sample in the generator; log_normal_;
 // scalar-p bernoulli_ and exponential_, which seed MKL on some CPUs) are run for real on a scratch
 // tensor of the same geometry at record time, and their node is anchored at the state before.
+// Kernels whose draws depend on the values they draw (rejection samplers: torchdefer::
+// trunc_normal_, poisson, _standard_gamma, binomial, _sample_dirichlet) are never run at record
+// time: each is placed where its draws start, and the chain continues from a lazy anchor after it
+// (Note [Lazy RNG anchors]); so is a scratch kernel that follows such an anchor, since the
+// generator cannot be where eager has it then anyway.
 //
 // The generator itself is advanced lazily: draws accumulate and are applied with one jump
-// (Note [MT19937 jump-ahead]) when the recording scope ends, before any unrecorded random op, and
-// before a scratch run; so a 70B recording costs one jump, not one per parameter. Anyone who
-// touches the generator between two recorded random ops (torch::manual_seed in a constructor) is
-// noticed by comparing its state with the one the recorder left, and the chain starts a new anchor.
+// (Note [MT19937 jump-ahead]) when the recording scope ends and before any unrecorded random op;
+// so a 70B recording costs one jump, not one per parameter. A chain that continues from a lazy
+// anchor cannot be applied; it ends as the owed generator (Note [The generator after
+// deferred_init]). Anyone who touches the generator between two recorded random ops
+// (torch::manual_seed in a constructor) is noticed by comparing its state with the one the
+// recorder left, and the chain starts a new anchor.
 struct DrawPlan {
-  enum class Kind { kKnown, kRunOnScratch, kUnplaceable };
+  enum class Kind { kKnown, kRunOnScratch, kValueDependent, kUnplaceable };
   Kind kind = Kind::kUnplaceable;
   uint64_t draws = 0;
   std::string reason;
@@ -49,7 +56,8 @@ DrawPlan plan_draws(const c10::FunctionSchema& schema, const std::vector<c10::IV
 bool is_random(const c10::OperatorHandle& op);
 
 // Places `node` of `graph` (already run on fakes) on the current thread's generator chain and
-// advances the chain by its draws; runs it on scratch first when the plan says so.
+// advances the chain by its draws; runs it on scratch first when the plan says so, or places a lazy
+// anchor after it when its draws depend on values.
 RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
                                 const at::Tensor& target, bool in_recording_scope);
 
@@ -57,8 +65,12 @@ RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const Rec
 // recording, so that re-seeding and recording the same program gives the same recording.
 uint64_t default_generator_digest();
 
-// Applies pending draws to the default generator and forgets the anchor: the generator is about
-// to be used by someone else (scope end, an unrecorded random op).
+// Applies pending draws to the default generator, or leaves it owed when they follow a lazy
+// anchor, and forgets the chain: the recording scope ends.
 void settle_generator();
+
+// settle_generator(), then resolves and pays an owed generator: an unrecorded random op is about
+// to draw, or the recording asked for an exact generator.
+void settle_generator_exactly();
 
 }  // namespace torchdefer::detail
