@@ -18,8 +18,12 @@ readonly PIP_PACKAGES=(torch==2.13.0 pytest==9.0.3 hypothesis==6.155.2 transform
 log() { printf '\033[1m[torchdefer] %s\033[0m\n' "$*"; }
 
 install_apt_packages() {
-  local missing=()
-  for package in "${APT_PACKAGES[@]}"; do
+  local missing=() packages=("${APT_PACKAGES[@]}")
+  # The extension needs Python.h of the python3 that builds it; Debian's python3 ships it in
+  # python3-dev, a python3 of its own (pyenv, a venv's base) ships it itself.
+  python3 -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(
+      os.path.join(sysconfig.get_paths()["include"], "Python.h")))' || packages+=(python3-dev)
+  for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' ||
       missing+=("$package")
   done

@@ -1,6 +1,5 @@
 // torchdefer._C: the Python face of the C++ library. The pure-Python package (bindings/torchdefer)
 // builds the user-facing API on these functions.
-#include <torchdefer/torch_compat.h>
 #include <torchdefer/torchdefer.h>
 
 #include <torch/csrc/utils/device_lazy_init.h>
@@ -157,8 +156,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("is_fake", [](const at::Tensor& t) { return is_fake(t); });
   // A tensor that carries a fake's dispatch keys without being a fake: what `real.data = fake`
   // leaves behind (torch shallow-copies the fake's metadata into the real TensorImpl).
-  m.def("_is_neither_real_nor_fake",
-        [](const at::Tensor& t) { return !is_fake(t) && t.key_set().has(kFakeKey); });
+  m.def("_is_neither_real_nor_fake", [](const at::Tensor& t) { return has_fake_metadata_only(t); });
   // Whether torch's Python factories must initialize CUDA before creating a CUDA tensor; the
   // package clears it around the calls of a recording thread where CUDA is unavailable (Note [What
   // recording changes, and where] in bindings/torchdefer/_recording.py).

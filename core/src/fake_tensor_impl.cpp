@@ -123,6 +123,10 @@ FakeTensorImpl* fake_impl(const at::TensorBase& t) noexcept {
 
 bool is_fake(const at::TensorBase& t) noexcept { return fake_impl(t) != nullptr; }
 
+bool has_fake_metadata_only(const at::TensorBase& t) noexcept {
+  return t.defined() && !is_fake(t) && t.key_set().has(kFakeKey);
+}
+
 at::Tensor make_fake(at::Tensor meta, c10::Device device) {
   return at::Tensor(c10::make_intrusive<FakeTensorImpl>(std::move(meta), device));
 }

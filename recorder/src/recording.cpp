@@ -252,7 +252,7 @@ class Recorder {
       return;
     }
     OpGraph& graph = *recording.graph;
-    auto lock = graph.lock();
+    const auto lock = graph.lock();
     for (const RealRead& read : found->second) {
       const RecordedInput& held = graph.nodes()[read.node].inputs[read.input];
       if (held.tensor.is_inference() || held.tensor._version() == held.version) {

@@ -71,7 +71,7 @@ int64_t anchor_here(OpGraph& graph) {
         chain.expected = impl->engine().data();
         return generator.get_state();
       });
-  auto lock = graph.lock();
+  const auto lock = graph.lock();
   return graph.add_rng_anchor(RngAnchor::known(std::move(state)));
 }
 
@@ -221,7 +221,7 @@ void start_chain(const std::shared_ptr<OpGraph>& graph) {
     chain.offset = owed->offset;
     return;
   }
-  auto lock = graph->lock();
+  const auto lock = graph->lock();
   chain.anchor =
       graph->add_rng_anchor(RngAnchor::after(owed->anchor, owed->offset, std::nullopt, {}));
 }
@@ -252,7 +252,7 @@ RecordedDraws place_sampler(const std::shared_ptr<OpGraph>& graph, const Recorde
   draws.anchor = chain.anchor;
   draws.offset = chain.offset;
   {
-    auto lock = graph->lock();
+    const auto lock = graph->lock();
     draws.end_anchor = graph->add_rng_anchor(
         RngAnchor::after(graph->rng_anchor(chain.anchor), chain.offset, node, target));
   }
@@ -348,7 +348,11 @@ void settle_generator() {
     return;
   }
   if (chain.lazy) {
-    const std::shared_ptr<RngAnchor>& anchor = chain.graph->rng_anchor(chain.anchor);
+    std::shared_ptr<RngAnchor> anchor;
+    {
+      const auto lock = chain.graph->lock();
+      anchor = chain.graph->rng_anchor(chain.anchor);
+    }
     set_generator_debt(GeneratorDebt{anchor, chain.offset, chain.expected, chain.graph->context(),
                                      anchor->pending_samplers(), chain.graph, chain.anchor});
   } else {

@@ -22,6 +22,10 @@ namespace torchdefer {
 // True if `t` is a fake tensor: it has shape, dtype and device but no storage.
 TORCHDEFER_API bool is_fake(const at::TensorBase& t) noexcept;
 
+// True if `t` is a real tensor that `.data = fake` gave a fake's metadata and dispatch keys but
+// not its recording: it can be neither read nor materialized (the Python package refuses it).
+TORCHDEFER_API bool has_fake_metadata_only(const at::TensorBase& t) noexcept;
+
 // A one-line description that never touches data, e.g. "fake float32[4096, 4096] on cuda:0" or
 // "float32[3] on cpu" for a real tensor. Used by every error message about a tensor.
 TORCHDEFER_API std::string describe(const at::TensorBase& t);
