@@ -84,7 +84,7 @@ constexpr OpInfo kOps[] = {
     random("aten::bernoulli", D::kBernoulliTensor),
     random("aten::bernoulli.p", D::kOnScratch),
     random("aten::multinomial", D::kOnScratch),
-    random("aten::poisson", D::kValueDependent),
+    with_meta(random("aten::poisson", D::kValueDependent), rules::same_shape),
     random("aten::binomial", D::kValueDependent),
     random("aten::_standard_gamma", D::kValueDependent),
     random("aten::_sample_dirichlet", D::kValueDependent),
