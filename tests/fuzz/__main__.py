@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown families or checks: {unknown}")
 
-    drawn, failed, rejected, by_check = Counter(), Counter(), Counter(), Counter()
+    drawn, failed, rejected, refused, by_check = Counter(), Counter(), Counter(), Counter(), Counter()
     total_failed = 0
     start = time.monotonic()
     seeds = range(args.seed_base, args.seed_base + args.programs)
@@ -60,6 +60,7 @@ def main(argv=None) -> int:
             drawn[family] += 1
             failed[family] += outcome.failed
             rejected[family] += outcome.status == "eager_raises"
+            refused[family] += outcome.status == "refused"
         if not outcome.failed:
             continue
         total_failed += 1
@@ -74,9 +75,10 @@ def main(argv=None) -> int:
     elapsed = time.monotonic() - start
     print(f"\n{args.programs} programs (seeds {args.seed_base}..{args.seed_base + args.programs - 1}), "
           f"checks {','.join(checks)}, {elapsed:.1f} s, {total_failed} failed")
-    print(f"{'family':16} {'programs':>9} {'failed':>7} {'eager raised':>13}")
+    print(f"{'family':16} {'programs':>9} {'failed':>7} {'eager raised':>13} {'refused':>8}")
     for family in families:
-        print(f"{family:16} {drawn[family]:>9} {failed[family]:>7} {rejected[family]:>13}")
+        print(f"{family:16} {drawn[family]:>9} {failed[family]:>7} {rejected[family]:>13} "
+              f"{refused[family]:>8}")
     if by_check:
         print("failures by check: " + ", ".join(f"{c} {n}" for c, n in sorted(by_check.items())))
     return 1 if total_failed else 0
