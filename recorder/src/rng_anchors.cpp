@@ -147,6 +147,35 @@ void warn_unpaid(const GeneratorDebt& owed) {
              "deferred_init (Note [The generator after deferred_init]).");
 }
 
+// Note [The owed generator's mark]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// "Nobody moved the generator since" is judged by comparing its state with the one the recorder
+// left. A recording that starts right after torch.manual_seed(s) leaves it at seed s's state, and
+// so does the next torch.manual_seed(s): a later deferred_init (or materialization) would take
+// the reseed for an untouched generator and continue the old recording's chain, which eager's
+// reseed discarded. So the owed generator is left in a marked state that seeding and drawing
+// never produce: the engine with left_ = 1 and next_ = 1 (MT19937 reaches left_ = 1 only with
+// next_ = 0 after seeding, or next_ = N after drawing; left_ = 1 makes the next draw refill the
+// state, which resets next_). When the recorder left the generator at left_ = 1 the mark draws
+// what it would; otherwise the draws of an owed generator are not eager's either way (and
+// torchdefer warns about them).
+constexpr uint32_t kOwedMark = 1;
+
+at::mt19937_data_pod mark_owed_generator(const at::mt19937_data_pod& expected) {
+  return with_default_generator([&](at::Generator&, at::CPUGeneratorImpl* impl) {
+    if (!same_engine(impl->engine().data(), expected)) {
+      return expected;  // moved since: the debt is dropped (or warned about) when next seen
+    }
+    at::mt19937_data_pod marked = expected;
+    marked.left_ = 1;
+    marked.next_ = kOwedMark;
+    at::mt19937 engine;
+    engine.set_data(marked);
+    impl->set_engine(engine);
+    return marked;
+  });
+}
+
 // Pays `owed` if its anchor is resolved; returns false if it is still pending.
 bool pay_if_resolved(const GeneratorDebt& owed) {
   if (!owed.anchor->resolved()) {
@@ -179,6 +208,9 @@ GeneratorLoan::~GeneratorLoan() {
 
 void set_generator_debt(std::optional<GeneratorDebt> owed) {
   const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
+  if (owed) {
+    owed->expected = mark_owed_generator(owed->expected);
+  }
   debt() = std::move(owed);
 }
 

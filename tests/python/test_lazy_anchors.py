@@ -25,6 +25,15 @@ def eager_state(seed: int):
     return model.state_dict(), torch.rand(4)
 
 
+def draws_from(state: torch.Tensor) -> torch.Tensor:
+    """What a generator in `state` draws next, from a copy (the owed generator is marked, Note
+    [The owed generator's mark], and draws what it drew before when recording started right after
+    a seed)."""
+    copy = torch.Generator()
+    copy.set_state(state)
+    return torch.rand(1000, generator=copy)
+
+
 def assert_same(expected, model) -> None:
     actual = model.state_dict()
     assert list(expected) == list(actual)
@@ -37,10 +46,23 @@ def test_recording_does_not_move_the_generator_and_materializing_pays_it():
     torch.manual_seed(0)
     before = torch.get_rng_state()
     model = torchdefer.deferred_init(TruncNormalNet)
-    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(draws_from(torch.get_rng_state()), draws_from(before))
     torchdefer.materialize_module(model)
     assert torch.equal(torch.rand(4), eager_next)
     assert_same(expected, model)
+
+
+def test_a_reseed_to_the_same_seed_between_two_recordings_makes_the_debt_moot():
+    # Both recordings start at seed 4's state; only the owed mark tells the reseed from an
+    # untouched generator (Note [The owed generator's mark]).
+    expected, _ = eager_state(4)
+    torch.manual_seed(4)
+    first = torchdefer.deferred_init(TruncNormalNet)
+    torchdefer.materialize_module(first, rng="counter")  # pays nothing
+    torch.manual_seed(4)
+    second = torchdefer.deferred_init(TruncNormalNet)
+    torchdefer.materialize_module(second)
+    assert_same(expected, second)
 
 
 def test_any_order_gives_eager_bits():

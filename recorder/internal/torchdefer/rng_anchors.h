@@ -73,9 +73,10 @@ namespace detail {
 // When every recorded draw is counted from shapes, the recorder applies them with one jump at
 // scope end, and the generator is exact at once. When the recording ends on a lazy anchor (Note
 // [Lazy RNG anchors]), where eager leaves the generator is known only once that anchor is
-// resolved, so the generator is *owed*: it stays where the recorder left it, and the debt (the
-// anchor, the draws after it, and the engine as the recorder left it) is paid the first time it
-// can be, exactly as eager would leave it:
+// resolved, so the generator is *owed*: it stays where the recorder left it, marked as owed (Note
+// [The owed generator's mark] in rng_anchors.cpp: a reseed to the same seed must not look like
+// an untouched generator), and the debt (the anchor, the draws after it, and the marked engine)
+// is paid the first time it can be, exactly as eager would leave it:
 //  - when a torch-mode materialization or a value read resolves the anchor, at its end, if nobody
 //    moved the generator since;
 //  - before an unrecorded random op that the recorder sees (it computes the anchor then), and at
