@@ -35,7 +35,7 @@ class PyScope {
   std::unique_ptr<Scope> scope_;
 };
 
-using RecordingContext = PyScope<RecordingScope, std::string>;
+using RecordingContext = PyScope<RecordingScope, std::string, DeferredInitOptions>;
 
 class FakeModeContext {
  public:
@@ -123,7 +123,11 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torchdefer's C++ core; use the torchdefer package instead.";
 
   py::class_<RecordingContext>(m, "_RecordingScope")
-      .def(py::init<std::string>())
+      .def(py::init([](std::string name, bool exact_generator) {
+             return RecordingContext(std::move(name),
+                                     DeferredInitOptions().exact_generator(exact_generator));
+           }),
+           py::arg("name"), py::arg("exact_generator") = false)
       .def("__enter__", &RecordingContext::enter)
       .def("__exit__", [](RecordingContext& self, py::args) { self.exit(); });
 

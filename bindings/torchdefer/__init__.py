@@ -136,9 +136,20 @@ def fake_mode(device: DeviceLike = None) -> Iterator[None]:
             yield
 
 
-def deferred_init(module_cls_or_callable: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def deferred_init(
+    module_cls_or_callable: Callable[..., Any],
+    *args: Any,
+    exact_generator: bool = False,
+    **kwargs: Any,
+) -> Any:
     """Calls ``module_cls_or_callable(*args, **kwargs)`` with every tensor fake and every operation
     on them recorded, and returns its result (typically an ``nn.Module`` with fake parameters).
+
+    Random ops whose number of draws depends on their values (``nn.init.trunc_normal_``) are not
+    computed while recording, so the default generator is left owed until the first torch-mode
+    materialization settles it where eager leaves it (a warning names them if it was drawn from
+    before that). ``exact_generator=True`` computes them when recording ends, at eager's cost for
+    those ops, and leaves the generator exact at once.
     """
     if not callable(module_cls_or_callable):
         raise TypeError(
@@ -146,7 +157,7 @@ def deferred_init(module_cls_or_callable: Callable[..., Any], *args: Any, **kwar
             f"{type(module_cls_or_callable).__name__}"
         )
     name = getattr(module_cls_or_callable, "__qualname__", repr(module_cls_or_callable))
-    with _recording.mode(), _C._RecordingScope(name):
+    with _recording.mode(), _C._RecordingScope(name, exact_generator):
         result = module_cls_or_callable(*args, **kwargs)
     _guard.guard(result)  # a forward before materializing fails at once (Note [Forgetting to materialize])
     return result

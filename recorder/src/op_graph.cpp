@@ -1,5 +1,7 @@
 #include <torchdefer/op_graph.h>
 
+#include <torchdefer/rng_anchors.h>
+
 #include <atomic>
 
 namespace torchdefer {
@@ -83,8 +85,8 @@ void OpGraph::set_real_storage(int64_t storage, const c10::Storage& real) {
   real_storages_[storage] = real.getWeakStorageImpl();
 }
 
-int64_t OpGraph::add_rng_anchor(at::Tensor state) {
-  rng_anchors_.push_back(std::move(state));
+int64_t OpGraph::add_rng_anchor(std::shared_ptr<RngAnchor> anchor) {
+  rng_anchors_.push_back(std::move(anchor));
   return static_cast<int64_t>(rng_anchors_.size()) - 1;
 }
 

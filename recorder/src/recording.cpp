@@ -144,6 +144,10 @@ class Recorder {
       return;
     }
     if (graph_ == nullptr) {
+      if (is_random(op_)) {
+        // An unrecorded op is about to draw: the generator must be where eager would have it.
+        detail::settle_generator_exactly();
+      }
       redispatch(keys);
       return;
     }
@@ -288,7 +292,7 @@ class Recorder {
       throw;
     }
     if (is_random(op_)) {
-      detail::settle_generator();  // it draws now, where eager would have drawn
+      detail::settle_generator_exactly();  // it draws now, where eager would have drawn
     }
     RealOnlyGuard real_only;
     op_.callBoxed(&stack_);
@@ -368,7 +372,7 @@ class Recorder {
   void run_real(c10::DispatchKeySet keys) {
     if (is_random(op_)) {
       // An unrecorded op is about to draw: the generator must be where eager would have it.
-      detail::settle_generator();
+      detail::settle_generator_exactly();
     }
     RealOnlyGuard real_only;
     op_.redispatchBoxed(
@@ -511,8 +515,10 @@ void install_value_reader(const ValueReader& reader) {
 
 }  // namespace detail
 
-RecordingScope::RecordingScope(std::string context)
-    : include_deferred_init_(kDeferredInitKey), saved_graph_(tls_graph) {
+RecordingScope::RecordingScope(std::string context, DeferredInitOptions options)
+    : include_deferred_init_(kDeferredInitKey),
+      saved_graph_(tls_graph),
+      exact_generator_(options.exact_generator()) {
   auto graph = std::make_shared<OpGraph>(std::move(context), detail::default_generator_digest());
   tls_open_recordings.push_back({graph.get(), {}});
   tls_graph = std::move(graph);
@@ -521,7 +527,17 @@ RecordingScope::RecordingScope(std::string context)
 RecordingScope::~RecordingScope() {
   tls_open_recordings.pop_back();
   tls_graph = std::move(saved_graph_);
-  detail::settle_generator();
+  if (!exact_generator_) {
+    detail::settle_generator();
+    return;
+  }
+  try {
+    detail::settle_generator_exactly();
+  } catch (const c10::Error& e) {
+    // A destructor must not throw; the generator stays owed, and the warning says why.
+    TORCH_WARN("torchdefer: exact_generator: could not resolve the random ops of this recording: ",
+               e.what_without_backtrace());
+  }
 }
 
 }  // namespace torchdefer

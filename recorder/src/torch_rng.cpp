@@ -6,6 +6,7 @@
 #include <torchdefer/mt19937_jump.h>
 #include <torchdefer/node_stack.h>
 #include <torchdefer/op_table.h>
+#include <torchdefer/rng_anchors.h>
 #include <torchdefer/torch_compat.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -27,14 +28,12 @@ struct Chain {
   uint64_t offset = 0;              // draws placed since the anchor
   uint64_t unapplied = 0;           // of those, not yet applied to the generator
   at::mt19937_data_pod expected{};  // the engine as the chain last left it
+  // The anchor is lazy or continues from one (Note [Lazy RNG anchors]): the draws cannot be
+  // applied until it is resolved, and the chain ends as the owed generator.
+  bool lazy = false;
 };
 
 thread_local Chain chain;
-
-bool same_engine(const at::mt19937_data_pod& a, const at::mt19937_data_pod& b) {
-  return a.seed_ == b.seed_ && a.left_ == b.left_ && a.seeded_ == b.seeded_ && a.next_ == b.next_ &&
-         a.state_ == b.state_;
-}
 
 template <typename F>
 auto with_default_generator(F&& f) {
@@ -73,7 +72,7 @@ int64_t anchor_here(OpGraph& graph) {
         return generator.get_state();
       });
   const auto lock = graph.lock();
-  return graph.add_rng_anchor(std::move(state));
+  return graph.add_rng_anchor(RngAnchor::known(std::move(state)));
 }
 
 uint64_t per_element(bool two_words) { return two_words ? 2 : 1; }
@@ -143,6 +142,8 @@ DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Te
       return on_scratch();
     case DrawRule::kOnScratchWithValues:
       return on_scratch(/*with_values=*/true);
+    case DrawRule::kValueDependent:
+      return {DrawPlan::Kind::kValueDependent, 0, {}};
     case DrawRule::kUniform:
       return known(n * per_element(dtype == at::kDouble));
     case DrawRule::kNormal:
@@ -203,6 +204,96 @@ void run_on_scratch(const RecordedNode& node, const std::vector<at::Tensor>& ten
   node.op.callBoxed(&stack);
 }
 
+// Starts the chain on `graph`: from the owed generator if there is one (Note [The generator after
+// deferred_init]), else from the generator's state now.
+void start_chain(const std::shared_ptr<OpGraph>& graph) {
+  chain = Chain{};
+  chain.graph = graph;
+  std::optional<GeneratorDebt> owed = take_generator_debt();
+  if (!owed) {
+    chain.anchor = anchor_here(*graph);
+    return;
+  }
+  chain.lazy = true;
+  chain.expected = owed->expected;
+  if (owed->graph.lock() == graph) {
+    chain.anchor = owed->graph_anchor;
+    chain.offset = owed->offset;
+    return;
+  }
+  const auto lock = graph->lock();
+  chain.anchor =
+      graph->add_rng_anchor(RngAnchor::after(owed->anchor, owed->offset, std::nullopt, {}));
+}
+
+void continue_chain(const std::shared_ptr<OpGraph>& graph) {
+  if (chain.graph == graph && chain.anchor >= 0 && !generator_moved()) {
+    return;
+  }
+  settle_generator();
+  start_chain(graph);
+}
+
+// Places an op of `count` draws at the chain's end.
+void place_counted(uint64_t count, RecordedDraws& draws) {
+  draws.kind = RecordedDraws::Kind::kPlaced;
+  draws.anchor = chain.anchor;
+  draws.offset = chain.offset;
+  draws.draws = count;
+  chain.offset += count;
+  chain.unapplied += count;
+}
+
+// A value-dependent sampler: placed on the chain, which continues from the lazy anchor after it.
+RecordedDraws place_sampler(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
+                            const at::Tensor& target) {
+  RecordedDraws draws;
+  draws.kind = RecordedDraws::Kind::kAnchorOnly;
+  draws.anchor = chain.anchor;
+  draws.offset = chain.offset;
+  {
+    const auto lock = graph->lock();
+    draws.end_anchor = graph->add_rng_anchor(
+        RngAnchor::after(graph->rng_anchor(chain.anchor), chain.offset, node, target));
+  }
+  chain.anchor = draws.end_anchor;
+  chain.offset = 0;
+  chain.unapplied = 0;  // part of the lazy anchor's start now
+  chain.lazy = true;
+  return draws;
+}
+
+// A kernel whose draws only its run can count, or a value-dependent sampler that reads fakes other
+// than the tensor it fills: runs it on scratch now (from its inputs' values when `with_values`),
+// with the generator where eager has it, so that the chain after it is known. A chain that
+// continues from a lazy anchor is resolved and paid first (Note [Lazy RNG anchors]).
+RecordedDraws run_on_scratch_now(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
+                                 const std::vector<at::Tensor>& tensors, bool with_values) {
+  if (chain.lazy) {
+    settle_generator_exactly();
+  } else {
+    settle_generator();
+  }
+  RecordedDraws draws;
+  draws.kind = RecordedDraws::Kind::kAnchorOnly;
+  draws.anchor = anchor_here(*graph);
+  chain = Chain{};
+  try {
+    run_on_scratch(node, tensors, with_values);
+  } catch (c10::Error& e) {
+    e.add_context(c10::str(
+        "torchdefer: ", node.op.schema().operator_name(), " in deferred_init of ", graph->context(),
+        " was run at record time to keep the default generator where eager "
+        "construction leaves it",
+        with_values ? ", which needs the values of its fake arguments: compute it while "
+                      "deferred_init runs, from fakes of that recording or real "
+                      "tensors, or after materializing its inputs"
+                    : ""));
+    throw;
+  }
+  return draws;
+}
+
 }  // namespace
 
 RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
@@ -215,44 +306,26 @@ RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const Rec
     draws.reason = plan.reason;
     return draws;
   }
-  if (plan.kind == DrawPlan::Kind::kRunOnScratch ||
-      plan.kind == DrawPlan::Kind::kRunOnScratchWithValues) {
-    settle_generator();
-    draws.kind = RecordedDraws::Kind::kAnchorOnly;
-    draws.anchor = anchor_here(*graph);
-    chain = Chain{};
-    const bool with_values = plan.kind == DrawPlan::Kind::kRunOnScratchWithValues;
-    try {
-      run_on_scratch(node, tensors, with_values);
-    } catch (c10::Error& e) {
-      e.add_context(c10::str(
-          "torchdefer: ", node.op.schema().operator_name(), " in deferred_init of ",
-          graph->context(),
-          " was run at record time to keep the default generator where eager "
-          "construction leaves it",
-          with_values ? ", which needs the values of its fake arguments: compute it while "
-                        "deferred_init runs, from fakes of that recording or real tensors, or "
-                        "after materializing its inputs"
-                      : ""));
-      throw;
+  if (plan.kind == DrawPlan::Kind::kKnown) {
+    continue_chain(graph);
+    place_counted(plan.draws, draws);
+  } else {
+    continue_chain(graph);
+    // A value-dependent sampler is placed lazily when it reads no fake but the tensor it fills; so
+    // is a shape-only scratch kernel after a lazy anchor, where the generator is not where eager
+    // has it anyway. The rest run on scratch now.
+    const bool lazy = (plan.kind == DrawPlan::Kind::kValueDependent ||
+                       (plan.kind == DrawPlan::Kind::kRunOnScratch && chain.lazy)) &&
+                      !unresolvable_sampler(node);
+    if (!lazy) {
+      return run_on_scratch_now(graph, node, tensors,
+                                /*with_values=*/plan.kind != DrawPlan::Kind::kRunOnScratch);
     }
-    return draws;
+    draws = place_sampler(graph, node, target);
   }
-  if (chain.graph != graph || chain.anchor < 0 || generator_moved()) {
-    if (chain.anchor >= 0 && !generator_moved()) {
-      apply_unapplied();
-    }
-    chain = Chain{};
-    chain.graph = graph;
-    chain.anchor = anchor_here(*graph);
-  }
-  draws.kind = RecordedDraws::Kind::kPlaced;
-  draws.anchor = chain.anchor;
-  draws.offset = chain.offset;
-  draws.draws = plan.draws;
-  chain.offset += plan.draws;
-  chain.unapplied += plan.draws;
-  if (!in_recording_scope) {
+  if (!in_recording_scope && chain.lazy) {
+    settle_generator();  // the owed generator is what a materialization pays
+  } else if (!in_recording_scope) {
     apply_unapplied();
   }
   return draws;
@@ -270,10 +343,27 @@ uint64_t default_generator_digest() {
 }
 
 void settle_generator() {
-  if (chain.anchor >= 0) {
+  if (chain.anchor < 0) {
+    chain = Chain{};
+    return;
+  }
+  if (chain.lazy) {
+    std::shared_ptr<RngAnchor> anchor;
+    {
+      const auto lock = chain.graph->lock();
+      anchor = chain.graph->rng_anchor(chain.anchor);
+    }
+    set_generator_debt(GeneratorDebt{anchor, chain.offset, chain.expected, chain.graph->context(),
+                                     anchor->pending_samplers(), chain.graph, chain.anchor});
+  } else {
     apply_unapplied();
   }
   chain = Chain{};
+}
+
+void settle_generator_exactly() {
+  settle_generator();
+  pay_generator_debt_now();
 }
 
 }  // namespace torchdefer::detail

@@ -28,20 +28,29 @@ namespace torchdefer::detail {
 // bernoulli_ and exponential_, which seed MKL on some CPUs; multinomial and the dropouts, built
 // on those) and every random op the table does not list are run for real at record time, on
 // scratch CPU tensors of the same geometry filled with ones, and their node is anchored at the
-// state before. Ops whose draw counts depend on their inputs' values (poisson's and the gamma
-// samplers' rejection loops, randint with tensor bounds) run on scratch copies of those values,
-// read as Note [Reading values while recording] reads them; where values cannot be read (a fake
-// of another recording, or after deferred_init returned) recording refuses the op, since the
-// generator could not be left where eager leaves it. Every random op recorded on the default
-// generator thus moves it exactly as eager does, whether or not its output is ever used.
+// state before. Kernels whose draws depend on the values they draw (DrawRule::kValueDependent:
+// the rejection samplers torchdefer::trunc_normal_, poisson, _standard_gamma, binomial,
+// _sample_dirichlet) are never run at record time when they read no fake but the tensor they
+// fill: each is placed where its draws start, and the chain continues from a lazy anchor after it
+// (Note [Lazy RNG anchors]); so is a shape-only scratch kernel that follows such an anchor, since
+// the generator cannot be where eager has it then anyway. Ops whose draw counts depend on their
+// inputs' values (rrelu, randint with tensor bounds, and the rejection samplers above applied to
+// fakes: gamma of recorded concentrations) run on scratch copies of those values, read as Note
+// [Reading values while recording] reads them, after a lazy anchor before them is resolved; where
+// values cannot be read (a fake of another recording, or after deferred_init returned) recording
+// refuses the op, since the generator could not be left where eager leaves it. Every random op
+// recorded on the default generator thus moves it exactly as eager does, or owes that move (Note
+// [The generator after deferred_init]), whether or not its output is ever used.
 //
 // The generator itself is advanced lazily: draws accumulate and are applied with one jump
-// (Note [MT19937 jump-ahead]) when the recording scope ends, before any unrecorded random op, and
-// before a scratch run; so a 70B recording costs one jump, not one per parameter. Anyone who
-// touches the generator between two recorded random ops (torch::manual_seed in a constructor) is
-// noticed by comparing its state with the one the recorder left, and the chain starts a new anchor.
+// (Note [MT19937 jump-ahead]) when the recording scope ends and before any unrecorded random op;
+// so a 70B recording costs one jump, not one per parameter. A chain that continues from a lazy
+// anchor cannot be applied; it ends as the owed generator (Note [The generator after
+// deferred_init]). Anyone who touches the generator between two recorded random ops
+// (torch::manual_seed in a constructor) is noticed by comparing its state with the one the
+// recorder left, and the chain starts a new anchor.
 struct DrawPlan {
-  enum class Kind { kKnown, kRunOnScratch, kRunOnScratchWithValues, kUnplaceable };
+  enum class Kind { kKnown, kRunOnScratch, kRunOnScratchWithValues, kValueDependent, kUnplaceable };
   Kind kind = Kind::kUnplaceable;
   uint64_t draws = 0;
   std::string reason;
@@ -53,7 +62,8 @@ DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Te
 
 // Places `node` of `graph` (already run on fakes; `tensors` are the tensors it was called with,
 // in input order) on the current thread's generator chain and advances the chain by its draws;
-// runs it on scratch first when the plan says so. Call without holding the graph's lock.
+// runs it on scratch first when the plan says so, or places a lazy anchor after it when its draws
+// depend on values. Call without holding the graph's lock.
 RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
                                 const at::Tensor& target, const std::vector<at::Tensor>& tensors,
                                 bool in_recording_scope);
@@ -62,8 +72,12 @@ RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const Rec
 // recording, so that re-seeding and recording the same program gives the same recording.
 uint64_t default_generator_digest();
 
-// Applies pending draws to the default generator and forgets the anchor: the generator is about
-// to be used by someone else (scope end, an unrecorded random op).
+// Applies pending draws to the default generator, or leaves it owed when they follow a lazy
+// anchor, and forgets the chain: the recording scope ends.
 void settle_generator();
+
+// settle_generator(), then resolves and pays an owed generator: an unrecorded random op is about
+// to draw, or the recording asked for an exact generator.
+void settle_generator_exactly();
 
 }  // namespace torchdefer::detail

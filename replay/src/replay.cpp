@@ -12,6 +12,7 @@
 #include <torchdefer/mt19937_jump.h>
 #include <torchdefer/node_stack.h>
 #include <torchdefer/op_graph.h>
+#include <torchdefer/rng_anchors.h>
 #include <torchdefer/torch_compat.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -63,25 +64,6 @@ std::string describe_value(const RecordedValue& value) {
 std::string op_name(const RecordedNode& node) {
   return c10::toString(node.op.schema().operator_name());
 }
-
-// Restores the default CPU generator when a replay ends, however it ends.
-class GeneratorRestorer {
- public:
-  GeneratorRestorer() : generator_(at::detail::getDefaultCPUGenerator()) {
-    const std::lock_guard<std::mutex> lock(generator_.mutex());
-    saved_ = generator_.get_state();
-  }
-  ~GeneratorRestorer() {
-    const std::lock_guard<std::mutex> lock(generator_.mutex());
-    generator_.set_state(saved_);
-  }
-  GeneratorRestorer(const GeneratorRestorer&) = delete;
-  GeneratorRestorer& operator=(const GeneratorRestorer&) = delete;
-
- private:
-  at::Generator generator_;
-  at::Tensor saved_;
-};
 
 }  // namespace
 
@@ -282,12 +264,15 @@ c10::Device GraphReplay::node_device(const RecordedNode& node) const {
 }
 
 void GraphReplay::place_generator(const RecordedDraws& draws) {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  const std::lock_guard<std::mutex> lock(generator.mutex());
   const bool continues = rng_anchor_ == draws.anchor &&
                          draws.kind == RecordedDraws::Kind::kPlaced && draws.offset >= rng_offset_;
+  // A lazy anchor is resolved before the generator is locked: resolving draws from it.
+  const at::Tensor anchor_state =
+      continues ? at::Tensor() : graph_->rng_anchor(draws.anchor)->state();
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  const std::lock_guard<std::mutex> lock(generator.mutex());
   if (!continues) {
-    generator.set_state(graph_->rng_anchors()[draws.anchor]);
+    generator.set_state(anchor_state);
     rng_offset_ = 0;
   }
   auto* impl = at::check_generator<at::CPUGeneratorImpl>(generator);
@@ -366,6 +351,9 @@ void GraphReplay::run_node(int64_t index) {
   }
   const AmbientStateGuard ambient(node.ambient);
   node.op.callBoxed(&stack);
+  if (node.draws && node.draws->end_anchor >= 0 && !config_.counter_rng && device.is_cpu()) {
+    offer_end_anchor(*node.draws);
+  }
   size_t output = 0;
   for (size_t i = 0; i < stack.size(); ++i) {
     map_tensors(stack[i], [&](const at::Tensor& t) {
@@ -384,12 +372,24 @@ void GraphReplay::run_node(int64_t index) {
   }
 }
 
+// A value-dependent sampler just ran on the default CPU generator: the state it left is its lazy
+// end anchor (Note [Lazy RNG anchors]), which need not be computed again.
+void GraphReplay::offer_end_anchor(const RecordedDraws& draws) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  at::Tensor state;
+  {
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    state = generator.get_state();
+  }
+  graph_->rng_anchor(draws.end_anchor)->offer(state);
+}
+
 void GraphReplay::run(const ForeignValues& foreign,
                       const std::function<void(const std::string&)>& on_node) {
   foreign_ = &foreign;
   RealOnlyGuard real_only;
   c10::AutoGradMode no_grad(false);
-  GeneratorRestorer restore_generator;
+  GeneratorLoan restore_generator;
   for (const int64_t index : nodes_) {
     run_node(index);
     if (on_node) {

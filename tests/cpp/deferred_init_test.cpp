@@ -343,3 +343,25 @@ TEST(DeferredInit, RecordsBytesPerOpNotPerElement) {
 
 }  // namespace
 }  // namespace torchdefer
+
+namespace torchdefer {
+namespace {
+
+TEST(DeferredInitOptions, AreTakenBeforeTheConstructorArgumentsOrTheCallable) {
+  torch::manual_seed(4);
+  torch::nn::Linear eager(6, 5);
+  const at::Tensor eager_next = torch::rand({3});
+  torch::manual_seed(4);
+  auto linear = deferred_init<torch::nn::Linear>(DeferredInitOptions().exact_generator(true), 6, 5);
+  EXPECT_TRUE(testing::bitwise_equal(torch::rand({3}), eager_next));
+  EXPECT_TRUE(is_fake(linear->weight));
+  const at::Tensor t = deferred_init(
+      DeferredInitOptions(), [](int64_t n) { return torch::rand({n}); }, 7);
+  EXPECT_TRUE(is_fake(t));
+  EXPECT_EQ(t.numel(), 7);
+  materialize_module(*linear);
+  EXPECT_TRUE(testing::bitwise_equal(linear->weight, eager->weight));
+}
+
+}  // namespace
+}  // namespace torchdefer

@@ -163,18 +163,29 @@ def compare_modules(eager: torch.nn.Module, deferred: torch.nn.Module) -> None:
 # The checks.
 
 
-def _record(cls: type, seed: int) -> torch.nn.Module:
+def _record(cls: type, seed: int, exact_generator: bool = False) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torchdefer.deferred_init(cls)
+    return torchdefer.deferred_init(cls, exact_generator=exact_generator)
 
 
 def _check_torch(cls: type, seed: int, eager: torch.nn.Module, eager_state: torch.Tensor) -> None:
-    deferred = _record(cls, seed)
+    # Both generator policies (Note [The generator after deferred_init]): exact_generator=True
+    # leaves the generator where eager does as deferred_init returns; by default a recording with
+    # rejection samplers owes it until the first torch-mode materialization pays it.
+    exact = _record(cls, seed, exact_generator=True)
     if not torch.equal(torch.get_rng_state(), eager_state):
-        raise Mismatch("the default generator after deferred_init is not where eager construction left it")
-    torchdefer.materialize_module(deferred)
+        raise Mismatch("the default generator after deferred_init(exact_generator=True) is not where "
+                       "eager construction left it")
+    torchdefer.materialize_module(exact)
     if not torch.equal(torch.get_rng_state(), eager_state):
         raise Mismatch("materialize_module moved the default generator")
+    compare_modules(eager, exact)
+    deferred = _record(cls, seed)
+    owed = not torch.equal(torch.get_rng_state(), eager_state)
+    torchdefer.materialize_module(deferred)
+    if not torch.equal(torch.get_rng_state(), eager_state):
+        raise Mismatch("materialize_module did not pay the owed default generator" if owed else
+                       "materialize_module moved the default generator")
     compare_modules(eager, deferred)
 
 

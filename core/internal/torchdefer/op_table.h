@@ -21,6 +21,9 @@ namespace torchdefer {
 enum class DrawRule : uint8_t {
   kOnScratch,            // run at record time on a scratch copy whose fake inputs are ones
   kOnScratchWithValues,  // run at record time on a scratch copy of its inputs' values
+  kValueDependent,       // draws depend on the values it draws: never run at record time
+                         // (Note [Lazy RNG anchors]); run as kOnScratchWithValues when it
+                         // reads fakes other than the tensor it fills
   kUniform,              // one per element, two for float64
   kNormal,               // normal fill: known for 16 or more contiguous elements, else scratch
   kRandom,               // random_/randint: one or two per element by range and dtype

@@ -21,6 +21,36 @@ namespace torchdefer {
 
 class OpGraph;
 
+// Options of one deferred_init call, builder-style:
+//   deferred_init(DeferredInitOptions().exact_generator(true), [&] { return Llama(config); });
+class DeferredInitOptions {
+ public:
+  // Leave the default CPU generator exactly where eager construction leaves it when deferred_init
+  // returns, even after random ops whose draws depend on values (trunc_normal_): they are then
+  // computed once at the end of recording, on a scratch tensor, as eager does (Note [The generator
+  // after deferred_init]). Off by default: the generator is then owed until a materialization.
+  DeferredInitOptions& exact_generator(bool exact) {
+    exact_generator_ = exact;
+    return *this;
+  }
+  bool exact_generator() const { return exact_generator_; }
+
+ private:
+  bool exact_generator_ = false;
+};
+
+namespace detail {
+
+// Whether a deferred_init argument list starts with its options (then the overloads that take
+// options explicitly apply, not the ones that would pass them on to a constructor).
+template <typename... Args>
+struct StartsWithOptions : std::false_type {};
+template <typename First, typename... Rest>
+struct StartsWithOptions<First, Rest...> : std::is_same<std::decay_t<First>, DeferredInitOptions> {
+};
+
+}  // namespace detail
+
 // What deferred_init opens around construction; exported for bindings that open and close it
 // themselves (the Python package's deferred_init). While a RecordingScope lives on a thread,
 // factories return fakes (as under FakeMode) and every operator on fakes is recorded into a new
@@ -29,7 +59,7 @@ class OpGraph;
 // referred to it.
 class TORCHDEFER_API RecordingScope {
  public:
-  explicit RecordingScope(std::string context);
+  explicit RecordingScope(std::string context, DeferredInitOptions options = {});
   ~RecordingScope();
   RecordingScope(const RecordingScope&) = delete;
   RecordingScope& operator=(const RecordingScope&) = delete;
@@ -38,12 +68,15 @@ class TORCHDEFER_API RecordingScope {
   FakeMode fake_;
   c10::impl::IncludeDispatchKeyGuard include_deferred_init_;
   std::shared_ptr<OpGraph> saved_graph_;
+  bool exact_generator_;
 };
 
 // Constructs `ModuleHolder(args...)` (a torch::nn module holder such as torch::nn::Linear, or any
 // type) with its parameters and buffers fake and their initialization recorded.
 template <typename ModuleHolder, typename... Args,
-          std::enable_if_t<std::is_constructible_v<ModuleHolder, Args&&...>, int> = 0>
+          std::enable_if_t<std::is_constructible_v<ModuleHolder, Args&&...> &&
+                               !detail::StartsWithOptions<Args...>::value,
+                           int> = 0>
 ModuleHolder deferred_init(Args&&... args) {
   RecordingScope scope(c10::demangle_type<ModuleHolder>());
   return ModuleHolder(std::forward<Args>(args)...);
@@ -53,9 +86,27 @@ ModuleHolder deferred_init(Args&&... args) {
 // (`ExplicitArgumentBarrier` keeps deferred_init<SomeHolder>(...) from considering this overload:
 // asking whether a module holder is invocable instantiates its forward() with the wrong types.)
 template <int&... ExplicitArgumentBarrier, typename F, typename... Args,
-          std::enable_if_t<std::is_invocable_v<F&&, Args&&...>, int> = 0>
+          std::enable_if_t<
+              std::is_invocable_v<F&&, Args&&...> && !detail::StartsWithOptions<F>::value, int> = 0>
 std::invoke_result_t<F&&, Args&&...> deferred_init(F&& f, Args&&... args) {
   RecordingScope scope(c10::demangle_type<std::decay_t<F>>());
+  return std::invoke(std::forward<F>(f), std::forward<Args>(args)...);
+}
+
+// deferred_init with options: `deferred_init(options, f, args...)` calls `f(args...)` and
+// `deferred_init<ModuleHolder>(options, args...)` constructs a module.
+template <typename ModuleHolder, typename... Args,
+          std::enable_if_t<std::is_constructible_v<ModuleHolder, Args&&...>, int> = 0>
+ModuleHolder deferred_init(const DeferredInitOptions& options, Args&&... args) {
+  RecordingScope scope(c10::demangle_type<ModuleHolder>(), options);
+  return ModuleHolder(std::forward<Args>(args)...);
+}
+
+template <int&... ExplicitArgumentBarrier, typename F, typename... Args,
+          std::enable_if_t<std::is_invocable_v<F&&, Args&&...>, int> = 0>
+std::invoke_result_t<F&&, Args&&...> deferred_init(const DeferredInitOptions& options, F&& f,
+                                                   Args&&... args) {
+  RecordingScope scope(c10::demangle_type<std::decay_t<F>>(), options);
   return std::invoke(std::forward<F>(f), std::forward<Args>(args)...);
 }
 

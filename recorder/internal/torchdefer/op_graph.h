@@ -74,7 +74,7 @@ struct RecordedStorage {
 struct RecordedDraws {
   enum class Kind {
     kPlaced,       // starts `offset` draws after OpGraph::rng_anchors()[anchor], uses `draws`
-    kAnchorOnly,   // starts at the anchor; its own draws were taken by running it at record time
+    kAnchorOnly,   // starts `offset` draws after the anchor; how many it takes depends on values
     kUnplaceable,  // cannot be replayed bit-exactly; `reason` says why
   };
   Kind kind = Kind::kPlaced;
@@ -82,6 +82,9 @@ struct RecordedDraws {
   uint64_t offset = 0;
   uint64_t draws = 0;
   std::string reason;
+  // kAnchorOnly: the anchor that is the generator state right after this op (Note [Lazy RNG
+  // anchors]).
+  int64_t end_anchor = -1;
   // Counter RNG mode (Note [Counter RNG]): this op's index among the graph's random ops.
   uint64_t stream = 0;
 };
@@ -94,6 +97,8 @@ struct RecordedNode {
   std::optional<RecordedDraws> draws;  // set for random ops
   AmbientState ambient;                // Note [Ambient state is part of the recording]
 };
+
+struct RngAnchor;
 
 class OpGraph {
  public:
@@ -134,9 +139,11 @@ class OpGraph {
     nodes_[node].outputs = std::move(outputs);
   }
 
-  // Full states of PyTorch's default CPU generator (get_state()) that random ops are placed from.
-  const std::vector<at::Tensor>& rng_anchors() const { return rng_anchors_; }
-  int64_t add_rng_anchor(at::Tensor state);
+  // States of PyTorch's default CPU generator that random ops are placed from (rng_anchors.h).
+  const std::shared_ptr<RngAnchor>& rng_anchor(int64_t anchor) const {
+    return rng_anchors_[anchor];
+  }
+  int64_t add_rng_anchor(std::shared_ptr<RngAnchor> anchor);
   void set_draws(int64_t node, RecordedDraws draws) {
     draws.stream = random_ops_++;
     nodes_[node].draws = std::move(draws);
@@ -166,7 +173,7 @@ class OpGraph {
   // Per storage, what set_real_storage() recorded.
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> real_storages_;
   std::unordered_map<const c10::StorageImpl*, int64_t> storage_index_;
-  std::vector<at::Tensor> rng_anchors_;
+  std::vector<std::shared_ptr<RngAnchor>> rng_anchors_;
   uint64_t random_ops_ = 0;
   const uint64_t counter_seed_;
   std::mutex mutex_;

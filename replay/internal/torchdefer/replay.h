@@ -77,6 +77,7 @@ class GraphReplay {
   at::Tensor input_tensor(const RecordedInput& input, c10::Device node_device);
   const at::Tensor& foreign_value(const at::Tensor& t) const;
   void place_generator(const RecordedDraws& draws);
+  void offer_end_anchor(const RecordedDraws& draws);
   bool run_counter_node(int64_t index, const RecordedNode& node, c10::Device device);
   void check_replayed_output(const RecordedNode& node, const RecordedValue& value,
                              const at::Tensor& real) const;

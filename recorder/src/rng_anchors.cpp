@@ -1,0 +1,290 @@
+#include <torchdefer/rng_anchors.h>
+
+#include <torchdefer/boxed_arguments.h>
+#include <torchdefer/fake_tensor.h>
+#include <torchdefer/mt19937_jump.h>
+#include <torchdefer/torch_compat.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+
+#include <mutex>
+#include <utility>
+
+namespace torchdefer {
+namespace {
+
+// One lock for every resolution and for the owed generator: resolutions share the default
+// generator, and a lazy anchor resolves the anchors it continues from first (hence recursive).
+std::recursive_mutex& resolution_mutex() {
+  static std::recursive_mutex mutex;
+  return mutex;
+}
+
+std::optional<detail::GeneratorDebt>& debt() {
+  static std::optional<detail::GeneratorDebt> owed;
+  return owed;
+}
+
+thread_local int loan_depth = 0;
+
+template <typename F>
+auto with_default_generator(F&& f) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  const std::lock_guard<std::mutex> lock(generator.mutex());
+  return f(generator, at::check_generator<at::CPUGeneratorImpl>(generator));
+}
+
+// Puts the default generator at `state` and then `draws` further.
+void place_default_generator(const at::Tensor& state, uint64_t draws) {
+  with_default_generator([&](at::Generator& generator, at::CPUGeneratorImpl* impl) {
+    generator.set_state(state);
+    if (draws == 0) {
+      return;
+    }
+    at::mt19937 engine = impl->engine();
+    mt19937_discard(engine, draws);
+    impl->set_engine(engine);
+  });
+}
+
+at::Tensor default_generator_state() {
+  return with_default_generator(
+      [](at::Generator& generator, at::CPUGeneratorImpl*) { return generator.get_state(); });
+}
+
+}  // namespace
+
+std::shared_ptr<RngAnchor> RngAnchor::known(at::Tensor state) {
+  auto anchor = std::make_shared<RngAnchor>();
+  anchor->state_ = std::move(state);
+  return anchor;
+}
+
+std::shared_ptr<RngAnchor> RngAnchor::after(std::shared_ptr<RngAnchor> base, uint64_t offset,
+                                            std::optional<RecordedNode> sampler,
+                                            const at::Tensor& sampler_target) {
+  auto anchor = std::make_shared<RngAnchor>();
+  anchor->base_ = std::move(base);
+  anchor->offset_ = offset;
+  if (sampler) {
+    anchor->target_sizes_ = sampler_target.sizes().vec();
+    anchor->target_strides_ = sampler_target.strides().vec();
+    anchor->target_dtype_ = sampler_target.scalar_type();
+    anchor->description_ = c10::str(c10::toString(sampler->op.schema().operator_name()), " on ",
+                                    describe(sampler_target));
+    anchor->sampler_ = std::move(sampler);
+  }
+  return anchor;
+}
+
+at::Tensor RngAnchor::state() {
+  const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
+  if (state_.defined()) {
+    return state_;
+  }
+  const at::Tensor start = base_->state();
+  detail::GeneratorLoan loan;
+  place_default_generator(start, offset_);
+  if (sampler_) {
+    detail::run_sampler_on_scratch(*sampler_, target_sizes_, target_strides_, target_dtype_);
+  }
+  state_ = default_generator_state();
+  sampler_.reset();  // its real inputs need not live on
+  return state_;
+}
+
+bool RngAnchor::resolved() const {
+  const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
+  return state_.defined();
+}
+
+void RngAnchor::offer(const at::Tensor& state) {
+  const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
+  if (!state_.defined()) {
+    state_ = state;
+    sampler_.reset();
+  }
+}
+
+std::string RngAnchor::pending_samplers() const {
+  const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
+  std::string pending;
+  for (const RngAnchor* a = this; a != nullptr && !a->state_.defined(); a = a->base_.get()) {
+    if (!a->description_.empty()) {
+      pending = pending.empty() ? a->description_ : a->description_ + ", " + pending;
+    }
+  }
+  return pending;
+}
+
+namespace detail {
+
+bool same_engine(const at::mt19937_data_pod& a, const at::mt19937_data_pod& b) {
+  return a.seed_ == b.seed_ && a.left_ == b.left_ && a.seeded_ == b.seeded_ && a.next_ == b.next_ &&
+         a.state_ == b.state_;
+}
+
+bool reseeded(const at::mt19937_data_pod& now, const at::mt19937_data_pod& expected) {
+  return now.seed_ != expected.seed_ || same_engine(now, at::mt19937(now.seed_).data());
+}
+
+namespace {
+
+at::mt19937_data_pod current_engine() {
+  return with_default_generator(
+      [](at::Generator&, at::CPUGeneratorImpl* impl) { return impl->engine().data(); });
+}
+
+void warn_unpaid(const GeneratorDebt& owed) {
+  TORCH_WARN("torchdefer: the default CPU generator was used after deferred_init of ", owed.context,
+             " before its value-dependent random ops (", owed.samplers,
+             ") were resolved, so it could not be left where eager construction leaves it: "
+             "numbers drawn from it since then differ from eager's (materialized values do not). "
+             "Materialize in torch RNG mode before drawing, or pass exact_generator=True to "
+             "deferred_init (Note [The generator after deferred_init]).");
+}
+
+// Note [The owed generator's mark]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// "Nobody moved the generator since" is judged by comparing its state with the one the recorder
+// left. A recording that starts right after torch.manual_seed(s) leaves it at seed s's state, and
+// so does the next torch.manual_seed(s): a later deferred_init (or materialization) would take
+// the reseed for an untouched generator and continue the old recording's chain, which eager's
+// reseed discarded. So the owed generator is left in a marked state that seeding and drawing
+// never produce: the engine with left_ = 1 and next_ = 1 (MT19937 reaches left_ = 1 only with
+// next_ = 0 after seeding, or next_ = N after drawing; left_ = 1 makes the next draw refill the
+// state, which resets next_). When the recorder left the generator at left_ = 1 the mark draws
+// what it would; otherwise the draws of an owed generator are not eager's either way (and
+// torchdefer warns about them).
+constexpr uint32_t kOwedMark = 1;
+
+at::mt19937_data_pod mark_owed_generator(const at::mt19937_data_pod& expected) {
+  return with_default_generator([&](at::Generator&, at::CPUGeneratorImpl* impl) {
+    if (!same_engine(impl->engine().data(), expected)) {
+      return expected;  // moved since: the debt is dropped (or warned about) when next seen
+    }
+    at::mt19937_data_pod marked = expected;
+    marked.left_ = 1;
+    marked.next_ = kOwedMark;
+    at::mt19937 engine;
+    engine.set_data(marked);
+    impl->set_engine(engine);
+    return marked;
+  });
+}
+
+// Pays `owed` if its anchor is resolved; returns false if it is still pending.
+bool pay_if_resolved(const GeneratorDebt& owed) {
+  if (!owed.anchor->resolved()) {
+    return false;
+  }
+  const at::mt19937_data_pod now = current_engine();
+  if (same_engine(now, owed.expected)) {
+    place_default_generator(owed.anchor->state(), owed.offset);
+  } else if (!reseeded(now, owed.expected)) {
+    warn_unpaid(owed);
+  }
+  return true;
+}
+
+}  // namespace
+
+GeneratorLoan::GeneratorLoan() : saved_(default_generator_state()) { ++loan_depth; }
+
+GeneratorLoan::~GeneratorLoan() {
+  with_default_generator(
+      [&](at::Generator& generator, at::CPUGeneratorImpl*) { generator.set_state(saved_); });
+  if (--loan_depth > 0) {
+    return;
+  }
+  const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
+  if (debt() && pay_if_resolved(*debt())) {
+    debt().reset();
+  }
+}
+
+void set_generator_debt(std::optional<GeneratorDebt> owed) {
+  const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
+  if (owed) {
+    owed->expected = mark_owed_generator(owed->expected);
+  }
+  debt() = std::move(owed);
+}
+
+std::optional<GeneratorDebt> take_generator_debt() {
+  const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
+  std::optional<GeneratorDebt> owed = std::move(debt());
+  debt().reset();
+  if (!owed) {
+    return std::nullopt;
+  }
+  const at::mt19937_data_pod now = current_engine();
+  if (same_engine(now, owed->expected)) {
+    return owed;
+  }
+  if (!reseeded(now, owed->expected)) {
+    warn_unpaid(*owed);
+  }
+  return std::nullopt;
+}
+
+void pay_generator_debt_now() {
+  const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
+  if (!debt()) {
+    return;
+  }
+  debt()->anchor->state();  // the outermost loan it takes pays the debt as it ends
+  if (debt() && pay_if_resolved(*debt())) {
+    debt().reset();
+  }
+}
+
+void run_sampler_on_scratch(const RecordedNode& node, c10::IntArrayRef sizes,
+                            c10::IntArrayRef strides, c10::ScalarType dtype) {
+  const c10::FunctionSchema& schema = node.op.schema();
+  RealOnlyGuard real_only;
+  c10::AutoGradMode no_grad(false);
+  torch::jit::Stack stack;
+  size_t next_input = 0;
+  for (size_t i = 0; i < node.arguments.size(); ++i) {
+    if (schema.arguments()[i].name() == "device" && node.arguments[i].isDevice()) {
+      stack.emplace_back(c10::Device(c10::kCPU));
+      continue;
+    }
+    stack.push_back(map_tensors(node.arguments[i], [&](const at::Tensor&) {
+      const RecordedInput& input = node.inputs[next_input++];
+      if (input.kind == RecordedInput::Kind::kValue) {
+        return at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype));
+      }
+      return input.tensor;  // undefined, real or constant (detail::unresolvable_sampler)
+    }));
+  }
+  node.op.callBoxed(&stack);
+}
+
+std::optional<std::string> unresolvable_sampler(const RecordedNode& node) {
+  const c10::FunctionSchema& schema = node.op.schema();
+  const bool writes_self = writes_first_argument(schema);
+  size_t next_input = 0;
+  std::optional<std::string> problem;
+  for (size_t i = 0; i < node.arguments.size() && !problem; ++i) {
+    map_tensors(node.arguments[i], [&](const at::Tensor& t) {
+      const RecordedInput& input = node.inputs[next_input++];
+      const bool written_self = writes_self && i == 0;
+      const bool fake = input.kind == RecordedInput::Kind::kValue ||
+                        input.kind == RecordedInput::Kind::kForeignFake;
+      if (fake && !(written_self && input.kind == RecordedInput::Kind::kValue)) {
+        problem = "how many numbers it draws depends on the values of its fake argument '" +
+                  schema.arguments()[i].name() + "'";
+      }
+      return t;
+    });
+  }
+  return problem;
+}
+
+}  // namespace detail
+}  // namespace torchdefer
