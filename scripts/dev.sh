@@ -10,10 +10,14 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 readonly BUILD_DIR=build
+readonly WHEEL_DIR=build-wheel  # Note [The wheel in CI]
 readonly APT_PACKAGES=(cmake g++ ninja-build ccache clang-format libgtest-dev libgmock-dev
                        libbenchmark-dev)
 readonly PIP_PACKAGES=(torch==2.13.0 pytest==9.0.3 hypothesis==6.155.2 transformers==5.23.0
-                       matplotlib==3.11.2 accelerate==1.15.0)
+                       matplotlib==3.11.2 accelerate==1.15.0 scikit-build-core==1.1.2)
+# ccache rewrites paths inside the checkout relative to the compiler's working directory, so that
+# a build folder at the same depth as build/ compiles with build/'s commands (Note [The wheel in CI]).
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(pwd)}"
 
 log() { printf '\033[1m[torchdefer] %s\033[0m\n' "$*"; }
 
@@ -87,6 +91,41 @@ run_tests() {
   python3 -m pytest -q tests/python
 }
 
+# Note [The wheel in CI]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# `test` also builds the wheel users build (`pip wheel --no-build-isolation .`), installs it into a
+# fresh venv that sees the system's torch, and runs the Python suite against the installed package,
+# so that what `pip install` ships is tested, not only build/python. The wheel is built in
+# build-wheel/, a folder at the same depth as build/: with CCACHE_BASEDIR at the checkout, every
+# compile command is build/'s, relative paths included, so each object comes from ccache and the
+# wheel costs a configure and the links, not a second build. The venv's python runs with -I
+# (no PYTHONPATH, no user site); the system site-packages it sees hold the torchdefer-dev.pth that
+# build() writes, which appends build/python after the venv's own site-packages, so the suite
+# first checks that `import torchdefer` is the installed copy.
+test_wheel() {
+  local root venv="$WHEEL_DIR/venv" wheel
+  root=$(pwd)
+  log "building the wheel (pip wheel --no-build-isolation .)"
+  rm -rf "$WHEEL_DIR/dist" "$venv"
+  # scikit-build-core would take the compiler from Python's sysconfig ("g++" for "c++"), and
+  # ccache hashes the compiler's path: give it build/'s.
+  CXX=$(sed -n 's/^CMAKE_CXX_COMPILER:FILEPATH=//p' "$BUILD_DIR/CMakeCache.txt") \
+    python3 -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps \
+    -Cbuild-dir="$WHEEL_DIR" -w "$WHEEL_DIR/dist" .
+  wheel=$(echo "$WHEEL_DIR"/dist/torchdefer-*.whl)
+  python3 -m venv --without-pip --system-site-packages "$venv"
+  "$venv/bin/python" -I -m pip install -q --disable-pip-version-check --no-deps --no-index "$wheel"
+  log "Python tests against the installed wheel ($venv)"
+  (cd / && "$root/$venv/bin/python" -I -c '
+import os, sys, torchdefer
+where = os.path.realpath(torchdefer.__file__)
+assert where.startswith(os.path.realpath(sys.prefix) + os.sep), f"torchdefer from {where}, not the venv"
+print(f"torchdefer {torchdefer.__version__} from {os.path.dirname(where)}")')
+  "$venv/bin/python" -I -m torchdefer
+  # The benchmark harness's tests run the C++ benchmarks of build/.
+  TORCHDEFER_BUILD_DIR="$root/$BUILD_DIR" "$venv/bin/python" -I -m pytest -q tests/python
+}
+
 main() {
   local command="${1:-}"
   shift || true
@@ -105,6 +144,7 @@ main() {
       build
       check_format
       run_tests
+      test_wheel
       ;;
     *)
       echo "usage: bash scripts/dev.sh demo [demo flags] | test" >&2

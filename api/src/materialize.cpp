@@ -274,6 +274,8 @@ std::string MaterializeStats::to_string() const {
   return out.str();
 }
 
+bool can_materialize(const at::Tensor& t) { return recorded(t) != nullptr; }
+
 bool is_deferred(const torch::nn::Module& module) {
   for (const at::Tensor& p : module.parameters()) {
     if (is_fake(p)) {

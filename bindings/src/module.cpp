@@ -162,6 +162,7 @@ PYBIND11_MODULE(_C, m) {
   // recording changes, and where] in bindings/torchdefer/_recording.py).
   m.def("_set_requires_cuda_init",
         [](bool required) { torch::utils::set_requires_device_init(at::kCUDA, required); });
+  m.def("can_materialize", [](const at::Tensor& t) { return can_materialize(t); });
   m.def("describe", [](const at::Tensor& t) { return describe(t); });
   m.def("explain", [](const at::Tensor& t) { return explain(t); });
   m.def("read_values", [](const at::Tensor& t) { return read_values(t); });
@@ -202,4 +203,6 @@ PYBIND11_MODULE(_C, m) {
       py::arg("entries"), py::arg("device") = py::none(), py::arg("rng") = py::none(),
       py::arg("counter_seed") = py::none(), py::arg("shard") = py::none(),
       py::arg("regions") = py::none(), py::arg("progress") = py::none());
+  m.def("counter_fill_cpu_capability", [] { return counter_fill_cpu_capability(); });
+  m.def("has_cuda_kernels", [] { return has_cuda_kernels(); });
 }

@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 import torch
 
 from torchdefer._build_info import TORCH_VERSION as _BUILT_FOR_TORCH
+from torchdefer._build_info import VERSION as __version__
 
 if torch.__version__.split("+")[0] != _BUILT_FOR_TORCH:
     raise ImportError(

@@ -1,10 +1,12 @@
-"""torchdistX compatibility: lets PyTorch's FSDP materialize torchdefer models unchanged.
+"""torchdistX compatibility: ``import torchdistx`` resolves to torchdefer after :func:`install`.
 
-FullyShardedDataParallel (FSDP1) has supported torchdistX's deferred initialization since
-PyTorch 1.12. When a module's parameters are torchdistX fakes, each FSDP unit materializes its own
-part as it wraps, bottom-up, with
+:func:`install` registers ``torchdistx``, ``torchdistx.deferred_init`` and ``torchdistx.fake``,
+which provide every public name of torchdistX's two deferred-initialization modules with its
+behaviour, backed by torchdefer. Code written for torchdistX runs unchanged, and so does PyTorch's
+FullyShardedDataParallel (FSDP1), which has materialized torchdistX's fakes since PyTorch 1.12:
+each FSDP unit materializes its own part as it wraps, bottom-up, with
 ``torchdistx.deferred_init.materialize_module(module, check_fn=...)``, where ``check_fn`` stops at
-children FSDP has already wrapped. :func:`install` provides those modules, backed by torchdefer::
+modules FSDP has already wrapped or ignores::
 
     import torchdefer.compat
     torchdefer.compat.install()            # before or after importing torch.distributed.fsdp
@@ -12,77 +14,236 @@ children FSDP has already wrapped. :func:`install` provides those modules, backe
     model = torchdefer.deferred_init(MyModel, cfg)
     fsdp_model = FSDP(model, auto_wrap_policy=policy)   # each unit materialized as it is wrapped
 
+Where torchdefer deliberately differs from torchdistX (it materializes in place, records the ops
+run on fakes after ``deferred_init`` returned, refuses to "materialize" a fake that nothing
+recorded), docs/torchdistx.md lists it.
+
 Note [FSDP imports torchdistX once]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 ``torch.distributed.fsdp._init_utils`` runs ``from torchdistx import deferred_init, fake`` when it
 is first imported and keeps the result in module globals (``_TORCHDISTX_AVAIL``,
 ``deferred_init``, ``fake``), which it reads when FSDP wraps a module. Registering modules in
 ``sys.modules`` alone therefore only helps if that happens before torch.distributed.fsdp is
-imported. :func:`install` does both: it registers ``torchdistx``, ``torchdistx.deferred_init`` and
-``torchdistx.fake`` for imports still to come, and, if FSDP is already imported, sets those three
-globals, so the order of imports does not matter. A real torchdistX that is already imported is
-left alone unless ``replace=True``.
+imported. :func:`install` does both: it registers the modules for imports still to come, and, if
+FSDP is already imported, sets those three globals, so the order of imports does not matter. A
+real torchdistX that is already imported is left alone unless ``replace=True``.
+
+Note [A package that imports like one]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Libraries ask whether torchdistX is there with ``importlib.util.find_spec("torchdistx")``
+(``transformers.utils.is_torchdistx_available()`` does), which for a module already in
+``sys.modules`` returns its ``__spec__`` and raises if that is None. So each registered module has
+a spec, the package one with an empty search path: its submodules are the two registered ones.
+torchdistX's other parts (its optimizers, SlowMo, gossip gradient and communication hooks) are
+not torchdefer's to provide; a finder at the end of ``sys.meta_path`` answers an import of any
+other ``torchdistx.*`` name with an ImportError that says so, instead of the bare "No module
+named" that would leave the user guessing which torchdistX is installed. It is a plain
+ImportError, not ModuleNotFoundError, because ``from torchdistx import optimizers`` swallows
+the latter and reports only "cannot import name".
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
+import importlib.machinery
 import sys
 import types
-from typing import Callable, Optional
+from typing import Any, Callable, Iterator, List, Optional, Set, Tuple, Union
 
 import torch
 
 import torchdefer
-from torchdefer import _heap
+from torchdefer import _C, _heap, _recording
 
 __all__ = ["install", "is_installed"]
+
+# The torchdistX API these modules provide (its main branch, after 0.2.0: fake_cuda and
+# is_deferred), then who provides it.
+TORCHDISTX_VERSION = f"0.3.0.dev0+torchdefer.{torchdefer.__version__}"
 
 _FSDP_INIT_UTILS = "torch.distributed.fsdp._init_utils"
 
 
-def _materialize_module(
+# --- torchdistx.deferred_init ------------------------------------------------------------------
+
+
+def deferred_init(module_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """torchdistX's ``deferred_init``: calls ``module_fn(*args, **kwargs)`` with every tensor fake
+    and every operation on them recorded (:func:`torchdefer.deferred_init`)."""
+    return torchdefer.deferred_init(module_fn, *args, **kwargs)
+
+
+def is_deferred(obj: Union[torch.Tensor, torch.nn.Module]) -> bool:
+    """torchdistX's ``is_deferred``: for a tensor, whether it is a fake that deferred_init
+    recorded and materializing will make real; for a module, whether any of its parameters,
+    buffers or tensor attributes (Note [Walking a module] in torchdefer/__init__.py) is one."""
+    if isinstance(obj, torch.Tensor):
+        return _C.can_materialize(obj)
+    if isinstance(obj, torch.nn.Module):
+        tensors = torchdefer._module_tensors(obj, None, False)
+        return any(_C.can_materialize(torchdefer._data_of(t)) for _, t, _ in tensors)
+    raise ValueError(
+        "torchdistx.deferred_init.is_deferred expects a torch.Tensor or an nn.Module, got "
+        f"{type(obj).__name__}"
+    )
+
+
+def materialize_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """torchdistX's ``materialize_tensor``: returns ``tensor`` real. torchdefer makes the same
+    object real (in place), so the result is ``tensor`` itself, as it already is for a real one."""
+    return torchdefer.materialize_tensor(tensor)
+
+
+def _own_tensors_only(child: torch.nn.Module) -> bool:
+    return False
+
+
+def _children_first(
+    module: torch.nn.Module, prefix: str, seen: Set[int], out: List[Tuple[str, torch.nn.Module]]
+) -> None:
+    """Appends (prefix, module) for every module of the tree once, children before their parent
+    and siblings in order: the order torchdistX visits them in."""
+    if id(module) in seen:
+        return
+    seen.add(id(module))
+    for name, child in module.named_children():
+        _children_first(child, f"{prefix}{name}.", seen, out)
+    out.append((prefix, module))
+
+
+def materialize_module(
     module: torch.nn.Module,
     buffers_only: bool = False,
     check_fn: Optional[Callable[[torch.nn.Module], bool]] = None,
 ) -> None:
-    """torchdistX's ``materialize_module``: materializes ``module`` in place, in torch RNG mode,
-    so the values are the ones eager construction gives.
+    """torchdistX's ``materialize_module``: materializes the tensors of every module in the tree
+    for which ``check_fn(module)`` is true (all without ``check_fn``), the root included, children
+    before their parent; with ``buffers_only`` the buffers only. ``check_fn`` decides for each
+    module's own tensors, not for its subtree: the children of a rejected module are still
+    visited. In torch RNG mode (eager's values), in place, and all or nothing: if materializing
+    fails, every tensor is as it was."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(
+            f"torchdistx.deferred_init.materialize_module expects an nn.Module, got "
+            f"{type(module).__name__}"
+        )
+    if check_fn is not None and not callable(check_fn):
+        raise TypeError(
+            "torchdistx.deferred_init.materialize_module: check_fn must be a callable(module) -> "
+            f"bool, got {type(check_fn).__name__}"
+        )
+    modules: List[Tuple[str, torch.nn.Module]] = []
+    _children_first(module, "", set(), modules)
+    entries: List[Tuple[str, torch.Tensor, bool]] = []
+    seen: Set[int] = set()
+    for prefix, m in modules:
+        if check_fn is not None and not check_fn(m):
+            continue
+        for name, tensor, is_parameter in torchdefer._named_tensors(m, _own_tensors_only, buffers_only):
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                entries.append((prefix + name, tensor, is_parameter))
+    if entries:
+        _heap.return_free_memory()  # what the previous unit freed (Note [FSDP1 units and the heap])
+        _C.materialize_named(entries)
 
-    One difference from torchdistX: ``check_fn(child) == False`` skips the child's whole subtree
-    (torchdistX skipped the child's own tensors but visited its children). FSDP's ``check_fn``
-    rejects already-wrapped units and ignored modules, whose subtrees FSDP manages itself, so
-    both readings agree there.
+
+# --- torchdistx.fake ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def fake_mode(*, fake_cuda: bool = False) -> Iterator[None]:
+    """torchdistX's ``fake_mode``: every tensor created inside is a fake (nothing is recorded).
+
+    Where CUDA is unavailable, a CUDA factory fails as it does outside the mode (torch's own
+    error) unless ``fake_cuda=True``, which allows fake CUDA tensors without CUDA; where CUDA is
+    available, ``fake_cuda`` changes nothing. Either way factories keep their default device.
     """
-    _heap.return_free_memory()  # what the previous unit freed (Note [FSDP1 units and the heap])
-    torchdefer.materialize_module(module, buffers_only=buffers_only, check_fn=check_fn)
+    if fake_cuda or torch.cuda.is_available():
+        with torchdefer.fake_mode():
+            yield
+        return
+    # torchdefer's own mode lets fakes be CUDA tensors without CUDA; this one leaves torch's
+    # CUDA initialization check in place, so that CUDA factories raise as in torchdistX.
+    with _recording.FakeTensorFunctions(skip_cuda_init=False), _C._FakeMode(None):
+        yield
 
 
-def _materialize_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """torchdistX's ``materialize_tensor``; torchdefer turns the same object real."""
-    return torchdefer.materialize_tensor(tensor)
+def meta_like(fake: torch.Tensor) -> torch.Tensor:
+    """torchdistX's ``meta_like``: a new meta tensor with the sizes, strides, storage offset and
+    dtype of the fake ``fake``, outside the autograd graph (as ``detach()`` is). Raises
+    ValueError if ``fake`` is not a fake."""
+    if not isinstance(fake, torch.Tensor) or not _C.is_fake(fake):
+        what = torchdefer.describe(fake) if isinstance(fake, torch.Tensor) else type(fake).__name__
+        raise ValueError(f"torchdistx.fake.meta_like expects a fake tensor, got {what}")
+    # A meta storage just large enough for the fake's elements at its offset and strides.
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(fake.shape, fake.stride()))
+    elements = fake.storage_offset() + (extent if fake.numel() > 0 else 0)
+    storage = torch.empty(elements, dtype=fake.dtype, device="meta")
+    return storage.as_strided(fake.shape, fake.stride(), fake.storage_offset())
 
 
-def _fake_mode(*, fake_cuda: bool = False):
-    """torchdistX's ``fake_mode``: fakes on CUDA if ``fake_cuda``, else where factories ask."""
-    return torchdefer.fake_mode("cuda" if fake_cuda else None)
+# --- the modules -------------------------------------------------------------------------------
+
+
+class _NotProvided(importlib.abc.MetaPathFinder):
+    """Answers imports of torchdistX's parts that torchdefer does not provide (Note [A package
+    that imports like one])."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if not fullname.startswith("torchdistx.") or not is_installed():
+            return None
+        raise ImportError(
+            f"{fullname} is not provided by torchdefer: torchdefer.compat.install() made "
+            "`torchdistx` resolve to torchdefer, which provides torchdistx.deferred_init and "
+            "torchdistx.fake only. For torchdistX's other parts (optimizers, slowmo, gossip_grad, "
+            "comm hooks) install torchdistX itself and do not call torchdefer.compat.install().",
+            name=fullname,
+        )
+
+
+_NOT_PROVIDED = _NotProvided()
+
+
+def _module(name: str, doc: str, names: dict, is_package: bool = False) -> types.ModuleType:
+    module = types.ModuleType(name, doc)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=is_package)
+    if is_package:
+        module.__path__ = module.__spec__.submodule_search_locations
+    module.__dict__.update(names)
+    module.__all__ = sorted(n for n in names if not n.startswith("_"))
+    return module
 
 
 def _build_modules() -> types.ModuleType:
-    package = types.ModuleType("torchdistx", "torchdistX's API, provided by torchdefer.compat.")
-    package.__path__ = []  # a package, so that `import torchdistx.fake` resolves in sys.modules
-
-    deferred_init = types.ModuleType("torchdistx.deferred_init")
-    deferred_init.deferred_init = torchdefer.deferred_init
-    deferred_init.is_deferred = torchdefer.is_deferred
-    deferred_init.materialize_module = _materialize_module
-    deferred_init.materialize_tensor = _materialize_tensor
-
-    fake = types.ModuleType("torchdistx.fake")
-    fake.is_fake = torchdefer.is_fake
-    fake.fake_mode = _fake_mode
-
-    package.deferred_init = deferred_init
-    package.fake = fake
+    deferred = _module(
+        "torchdistx.deferred_init",
+        "torchdistX's deferred initialization, provided by torchdefer.compat.",
+        {
+            "deferred_init": deferred_init,
+            "is_deferred": is_deferred,
+            "materialize_module": materialize_module,
+            "materialize_tensor": materialize_tensor,
+        },
+    )
+    fake = _module(
+        "torchdistx.fake",
+        "torchdistX's fake tensors, provided by torchdefer.compat.",
+        {
+            # torchdistX's is_fake is torchdefer's: whether deferred_init or fake_mode made it.
+            "fake_mode": fake_mode,
+            "is_fake": torchdefer.is_fake,
+            "meta_like": meta_like,
+        },
+    )
+    package = _module(
+        "torchdistx",
+        "torchdistX's API, provided by torchdefer.compat.",
+        {"deferred_init": deferred, "fake": fake, "__version__": TORCHDISTX_VERSION},
+        is_package=True,
+    )
+    package.__all__ = ["deferred_init", "fake"]
     package.__torchdefer__ = True
     return package
 
@@ -93,9 +254,10 @@ def is_installed() -> bool:
 
 
 def install(*, replace: bool = False) -> None:
-    """Makes ``torchdistx.deferred_init`` and ``torchdistx.fake`` resolve to torchdefer, for
-    imports to come and for an FSDP that is already imported (Note [FSDP imports torchdistX
-    once]). Idempotent. Raises if a real torchdistX is already imported, unless ``replace``."""
+    """Makes ``torchdistx``, ``torchdistx.deferred_init`` and ``torchdistx.fake`` resolve to
+    torchdefer, for imports to come and for an FSDP that is already imported (Note [FSDP imports
+    torchdistX once]). Idempotent. Raises if a real torchdistX is already imported, unless
+    ``replace``."""
     existing = sys.modules.get("torchdistx")
     if existing is not None and not getattr(existing, "__torchdefer__", False) and not replace:
         raise RuntimeError(
@@ -106,6 +268,8 @@ def install(*, replace: bool = False) -> None:
     sys.modules["torchdistx"] = package
     sys.modules["torchdistx.deferred_init"] = package.deferred_init
     sys.modules["torchdistx.fake"] = package.fake
+    if _NOT_PROVIDED not in sys.meta_path:
+        sys.meta_path.append(_NOT_PROVIDED)
 
     init_utils = sys.modules.get(_FSDP_INIT_UTILS)
     if init_utils is not None:

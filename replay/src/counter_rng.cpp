@@ -270,6 +270,28 @@ bool avx512_available() {
 
 }  // namespace counter_simd
 
+const char* counter_fill_isa() {
+#ifdef TORCHDEFER_X86_KERNELS
+  switch (counter_isa()) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kScalar:
+      break;
+  }
+#endif
+  return "scalar";
+}
+
+bool counter_fill_has_cuda_kernel() {
+#ifdef TORCHDEFER_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
 // Note [Merged rows]
 // ~~~~~~~~~~~~~~~~~~
 // fill_typed walks `out` one row (last dimension) at a time, and the vector kernels fill whole

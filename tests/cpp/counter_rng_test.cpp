@@ -1,6 +1,7 @@
 // The counter RNG: Philox known answers, its own math, its distributions, and the property that
 // makes sharding work: any region of an op's output is generated on its own with the full
 // tensor's bits.
+#include <torchdefer/build_info.h>
 #include <torchdefer/counter_rng.h>
 
 #include <gmock/gmock.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -454,6 +456,19 @@ TEST(CounterRng, TruncatedNormalShardsOfEveryWorldSizeAgree) {
       parts.push_back(part);
     }
     EXPECT_TRUE(bitwise_equal(torch::cat(parts), full)) << world;
+  }
+}
+
+// CounterRng.Capability.* runs this again with TORCHDEFER_CPU_CAPABILITY set
+// (tests/CMakeLists.txt).
+TEST(CounterRng, CpuCapabilityNamesTheKernelsInUseWithinTheCap) {
+  const std::string capability = counter_fill_cpu_capability();
+  const std::vector<std::string> order = {"scalar", "avx2", "avx512"};
+  const auto rank = std::find(order.begin(), order.end(), capability);
+  ASSERT_NE(rank, order.end()) << capability;
+  const char* cap = std::getenv("TORCHDEFER_CPU_CAPABILITY");
+  if (cap != nullptr && *cap != '\0') {
+    EXPECT_LE(rank - order.begin(), std::find(order.begin(), order.end(), cap) - order.begin());
   }
 }
 

@@ -543,6 +543,20 @@ TEST(MaterializeErrors, ARealInputMutatedAfterRecordingNamesTheOpAndLosesNothing
   EXPECT_EQ(source[0].item<float>(), 2.0f);
 }
 
+TEST(Materialize, CanMaterializeOnlyARecordedFakeThatIsStillFake) {
+  at::Tensor unrecorded;
+  {
+    FakeMode fake;
+    unrecorded = torch::ones({2});
+  }
+  at::Tensor recorded = deferred_init([] { return torch::rand({3}); });
+  EXPECT_FALSE(can_materialize(torch::ones({2})));
+  EXPECT_FALSE(can_materialize(unrecorded));
+  EXPECT_TRUE(can_materialize(recorded));
+  materialize_tensor(recorded);
+  EXPECT_FALSE(can_materialize(recorded));
+}
+
 TEST(MaterializeErrors, AFakeMadeUnderFakeModeCannotBeMaterialized) {
   at::Tensor t;
   {

@@ -3,6 +3,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,8 @@ import torch
 import torchdefer
 
 REPO = Path(__file__).resolve().parents[2]
-BUILD = Path(torchdefer.__file__).resolve().parents[2]  # BUILD/python/torchdefer/__init__.py
+# BUILD/python/torchdefer/__init__.py, or for an installed torchdefer the build TORCHDEFER_BUILD_DIR names.
+BUILD = Path(os.environ.get("TORCHDEFER_BUILD_DIR") or Path(torchdefer.__file__).resolve().parents[2])
 FIXTURE = Path(__file__).parent / "fixtures" / "google_benchmark.json"
 sys.path.insert(0, str(REPO))
 

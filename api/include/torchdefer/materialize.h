@@ -177,4 +177,8 @@ TORCHDEFER_API MaterializeStats materialize_named_tensors(const std::vector<Name
 // True if any parameter or buffer of `module` or its children is still fake.
 TORCHDEFER_API bool is_deferred(const torch::nn::Module& module);
 
+// True if `t` is a fake that deferred_init recorded, so that materializing makes it real; false
+// for a real tensor and for a fake made under FakeMode, which records nothing.
+TORCHDEFER_API bool can_materialize(const at::Tensor& t);
+
 }  // namespace torchdefer

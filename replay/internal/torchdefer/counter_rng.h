@@ -70,6 +70,14 @@ struct CounterRegion {
 void counter_fill(const at::Tensor& out, const CounterDistributionParams& params, uint64_t seed,
                   uint64_t stream, CounterRegion region = {});
 
+// The instruction set counter_fill uses for CPU tensors on this machine: "avx512", "avx2" or
+// "scalar" (Note [Vectorized counter fill]), after TORCHDEFER_CPU_CAPABILITY's cap.
+const char* counter_fill_isa();
+
+// Whether counter_fill has its CUDA kernel (Note [CUDA counter fill build]); without it a CUDA
+// tensor is filled through the host (Note [Counter fill on other devices]).
+bool counter_fill_has_cuda_kernel();
+
 // The deterministic math the distributions use, exposed for tests.
 namespace counter_math {
 double log(double x);  // x > 0, finite
