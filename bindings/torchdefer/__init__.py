@@ -46,6 +46,7 @@ if torch.__version__.split("+")[0] != _BUILT_FOR_TORCH:
 from torchdefer import _C  # noqa: E402  (after the check: a mismatched _C may not even load)
 from torchdefer._C import Shard
 from torchdefer import _recording
+from torchdefer import _dtensor
 
 __all__ = [
     "Shard",
@@ -147,7 +148,9 @@ def deferred_init(module_cls_or_callable: Callable[..., Any], *args: Any, **kwar
         )
     name = getattr(module_cls_or_callable, "__qualname__", repr(module_cls_or_callable))
     with _recording.mode(), _C._RecordingScope(name):
-        return module_cls_or_callable(*args, **kwargs)
+        result = module_cls_or_callable(*args, **kwargs)
+    _dtensor.remember(result)  # for DTensors that replace its fakes (Note [DTensor parameters of a deferred model])
+    return result
 
 
 # Note [Walking a module]
@@ -362,6 +365,8 @@ def materialize_module(
         raise TypeError(
             f"torchdefer.materialize_module expects an nn.Module, got {type(module).__name__}"
         )
+    if _dtensor.holds_deferred_dtensors(module):
+        return _dtensor.materialize_module(module, device, shard, rng, check_fn, buffers_only, counter_seed, progress)
     _check_options(shard, rng, check_fn, counter_seed, progress)
     target = _target_device(device)
     entries = _named_tensors(module, check_fn, buffers_only, real=shard is not None)
@@ -395,5 +400,4 @@ def is_deferred(module: torch.nn.Module) -> bool:
 
 def _data_of(t: torch.Tensor) -> torch.Tensor:
     """The tensor holding ``t``'s values: a DTensor's local shard (FSDP2, tensor parallel), else ``t``."""
-    local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) else t
+    return _dtensor.local_of(t)
