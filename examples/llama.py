@@ -91,10 +91,27 @@ class Llama(nn.Module):
         self.norm = RMSNorm(cfg.dim)
         self.output = nn.Linear(cfg.dim, cfg.vocab, bias=False)
         half = cfg.dim // cfg.heads // 2
-        angles = torch.outer(torch.arange(cfg.max_seq, dtype=torch.float32), 10000.0 ** (-torch.arange(half) / half))
-        self.register_buffer("rope_cos", angles.cos(), persistent=False)
-        self.register_buffer("rope_sin", angles.sin(), persistent=False)
-        # torchtitan's initialization, in __init__: deferred init keeps it.
+        self.register_buffer("rope_cos", torch.empty(cfg.max_seq, half), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(cfg.max_seq, half), persistent=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """The rotary embedding's tables (non-persistent: in no state dict)."""
+        seq, half = self.rope_cos.shape
+        device = self.rope_cos.device
+        angles = torch.outer(
+            torch.arange(seq, dtype=torch.float32, device=device),
+            10000.0 ** (-torch.arange(half, device=device) / half),
+        )
+        self.rope_cos.copy_(angles.cos())
+        self.rope_sin.copy_(angles.sin())
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """torchtitan's initialization. Called by __init__, so deferred init keeps it; a model
+        built on the meta device calls it again after to_empty() (what torchdefer replaces)."""
+        self.init_buffers()
         nn.init.normal_(self.tok_embeddings.weight)
         for index, block in enumerate(self.layers):
             depth_std = 0.02 / math.sqrt(2 * (index + 1))
@@ -102,7 +119,10 @@ class Llama(nn.Module):
                 nn.init.trunc_normal_(linear.weight, std=0.02)
             for linear in (block.attention.wo, block.feed_forward.w2, block.feed_forward.w3):
                 nn.init.trunc_normal_(linear.weight, std=depth_std)
-        bound = cfg.dim**-0.5
+            for norm in (block.attention_norm, block.ffn_norm):
+                nn.init.ones_(norm.weight)
+        nn.init.ones_(self.norm.weight)
+        bound = self.output.in_features**-0.5
         nn.init.trunc_normal_(self.output.weight, std=bound, a=-3 * bound, b=3 * bound)
 
     def forward(self, tokens):

@@ -373,7 +373,9 @@ def materialize_module(
     if not entries:
         return []
     with _progress_callback(progress, "tensor" if shard is not None else "op") as callback:
-        return _C.materialize_named(entries, target, rng, counter_seed, shard, progress=callback)
+        stats = _C.materialize_named(entries, target, rng, counter_seed, shard, progress=callback)
+    _dtensor.forget_materialized(module)
+    return stats
 
 
 def materialize_tensor(

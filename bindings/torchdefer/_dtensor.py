@@ -40,6 +40,7 @@ the DTensor's local shape, which catches a placement we would read differently f
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -77,31 +78,45 @@ def remember(result: Any) -> None:
                     _remembered[module] = fakes
 
 
+def forget_materialized(module: torch.nn.Module) -> None:
+    """Forgets the remembered tensors of ``module``'s tree that are real now, so that a tensor the
+    module later lets go of (``load_state_dict(assign=True)``) is not kept alive here."""
+    for submodule in module.modules():
+        fakes = _remembered.get(submodule)
+        if fakes is None:
+            continue
+        for name in [name for name, t in fakes.items() if not _C.is_fake(t)]:
+            del fakes[name]
+        if not fakes:
+            del _remembered[submodule]
+
+
 def _own_fakes(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
     own = list(module._parameters.items()) + list(module._buffers.items())
     return {name: t for name, t in own if t is not None and _C.is_fake(t)}
 
 
-def _is_deferred_dtensor(t: Any) -> bool:
-    from torch.distributed.tensor import DTensor
+def _dtensor_class() -> Optional[type]:
+    """DTensor, or None while nothing has imported it (then no DTensor exists, and importing it
+    here would only cost time)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
 
-    return isinstance(t, DTensor) and _C.is_fake(t._local_tensor)
+
+def _is_deferred_dtensor(t: Any) -> bool:
+    dtensor = _dtensor_class()
+    return dtensor is not None and isinstance(t, dtensor) and _C.is_fake(t._local_tensor)
 
 
 def local_of(t: torch.Tensor) -> torch.Tensor:
     """The tensor holding ``t``'s values: a DTensor's local tensor, else ``t``."""
-    if not torch.distributed.is_available():
-        return t
-    from torch.distributed.tensor import DTensor
-
-    return t._local_tensor if isinstance(t, DTensor) else t
+    dtensor = _dtensor_class()
+    return t._local_tensor if dtensor is not None and isinstance(t, dtensor) else t
 
 
 def holds_deferred_dtensors(module: torch.nn.Module) -> bool:
     """True if a parameter or buffer of ``module``'s tree is a DTensor with a fake local tensor."""
-    if not torch.distributed.is_available():
-        return False
-    return any(_is_deferred_dtensor(t) for _, _, t in _owned(module))
+    return _dtensor_class() is not None and any(_is_deferred_dtensor(t) for _, _, t in _owned(module))
 
 
 def _owned(module: torch.nn.Module) -> Iterator[Tuple[str, torch.nn.Module, torch.Tensor]]:
@@ -247,15 +262,18 @@ def _fsdp_params(module: torch.nn.Module) -> Dict[int, Any]:
 
 
 def _into_fsdp_buffer(fsdp_param: Any, local: torch.Tensor) -> None:
-    """Copies ``local`` into a padded buffer laid out as fully_shard lays out its sharded
-    parameter, and points the DTensor's local tensor at it."""
+    """Makes ``local`` the buffer fully_shard keeps for its sharded parameter (copied into a
+    padded one when the shard is uneven) and points the DTensor's local tensor at it."""
 
     def write() -> None:
         dim = fsdp_param.fsdp_placement.dim
-        padded = local.new_zeros(fsdp_param.padded_sharded_param_size)
+        if local.shape == fsdp_param.padded_sharded_param_size and local.is_contiguous():
+            padded = local  # an even shard: no padding, so no copy
+        else:
+            padded = local.new_zeros(fsdp_param.padded_sharded_param_size)
+            with torch.no_grad():
+                padded.narrow(dim, 0, local.size(dim)).copy_(local)
         narrowed = padded.narrow(dim, 0, fsdp_param.sharded_size[dim])
-        with torch.no_grad():
-            narrowed.copy_(local)
         fsdp_param._sharded_param_data = padded.view(-1)
         fsdp_param.sharded_param._local_tensor = narrowed
         # Lets FSDP2 check the new local tensor against its buffer, as after to_empty().
@@ -369,13 +387,19 @@ def materialize(
         stats = _C.materialize_named(
             entries, torchdefer._target_device(device), rng, counter_seed, None, regions, progress=callback
         )
-    for target in targets:
+    # Each computed global is this rank's part alone and becomes the local tensor (for FSDP2, its
+    # buffer; an uneven shard is copied into a padded one). Every other reference to it (the
+    # entries, the remembered fakes, the target) is dropped first.
+    del entries
+    for submodule in module.modules():
+        _remembered.pop(submodule, None)
+    while targets:
+        target = targets.pop()
         local = target.global_fake.detach().to(target.dtensor._local_tensor.device)
+        target.global_fake = None
         fsdp_param = fsdp.get(id(target.dtensor))
         if fsdp_param is not None:
             _into_fsdp_buffer(fsdp_param, local)
         else:
             target.dtensor._local_tensor = local
-    for submodule in module.modules():
-        _remembered.pop(submodule, None)
     return stats
