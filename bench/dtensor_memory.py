@@ -14,8 +14,9 @@ parallelism on a (W/2) x 2 mesh (`fsdp2_tp`), then initializes it:
                to_empty(), set_model_state_dict(broadcast_from_rank0=True)
 
 Per rank, after one small warm-up of each way: the growth of the peak resident set (VmHWM, reset
-through /proc/self/clear_refs) over the resident set before, the seconds from the start of the
-build to initialized weights, and the bytes of this rank's local tensors.
+through /proc/self/clear_refs) over the resident set before (for torchdefer also split into the
+recording's peak and the peak of the layout and materialization after it), the seconds from the
+start of the build to initialized weights, and the bytes of this rank's local tensors.
 """
 
 import argparse
@@ -34,6 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from llama import Config, Llama, fully_shard_llama, tensor_parallel  # noqa: E402
 
 WAYS = ["torchdefer", "meta", "broadcast"]
+RSS_BEFORE_KIB, RECORDING_PEAK_KIB = [0], [0]
 
 
 def status_kib(field: str) -> int:
@@ -66,6 +68,8 @@ def build(way, cfg, layout, world):
     torch.manual_seed(0)
     if way == "torchdefer":
         model = torchdefer.deferred_init(Llama, cfg)
+        RECORDING_PEAK_KIB[0] = status_kib("VmHWM") - RSS_BEFORE_KIB[0]
+        reset_peak()  # from here on: the layout and the materialization
         lay_out(model, layout, world)
         torchdefer.materialize_module(model)
         return model
@@ -94,17 +98,23 @@ def rank_main(rank, world, store, layout, cfg):
     for way in WAYS:
         dist.barrier()
         reset_peak()
-        before = status_kib("VmRSS")
+        before = RSS_BEFORE_KIB[0] = status_kib("VmRSS")
         start = time.perf_counter()
         model = build(way, cfg, layout, world)
         seconds = time.perf_counter() - start
         peak = (status_kib("VmHWM") - before) / 1024
+        if way == "torchdefer":  # VmHWM was reset after recording: the peak is the larger of two
+            after_recording = peak
+            peak = max(peak, RECORDING_PEAK_KIB[0] / 1024)
         local_mib = sum(p.to_local().nbytes for p in model.parameters()) / 2**20
         whole_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+        phases = ""
+        if way == "torchdefer":
+            phases = f" (recording {RECORDING_PEAK_KIB[0] / 1024:.1f}, then {after_recording:.1f})"
         for r in range(world):
             if r == rank:
                 print(
-                    f"{layout} W={world} {way:10s} rank {rank}: peak RSS growth {peak:7.1f} MiB, "
+                    f"{layout} W={world} {way:10s} rank {rank}: peak RSS growth {peak:7.1f} MiB{phases}, "
                     f"{seconds:6.2f} s; local tensors {local_mib:6.1f} MiB of {whole_mib:6.1f} MiB",
                     flush=True,
                 )
