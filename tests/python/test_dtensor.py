@@ -160,3 +160,58 @@ def unknown_worker(rank, world):
         torchdefer.materialize_module(model)
     with pytest.raises(ValueError, match="shard does not apply to a module holding DTensors"):
         torchdefer.materialize_module(model, shard=torchdefer.Shard(rank, world))
+
+
+# --- The box of each placement, against PyTorch's own arithmetic --------------------------------
+
+
+def torch_local_shape_and_offset(shape, mesh_shape, coordinate, placements):
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+    return _compute_local_shape_and_global_offset(shape, mesh_shape, list(coordinate), placements)
+
+
+def placement_cases():
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    for mesh_shape in [(2,), (3,), (4,), (2, 2), (2, 3), (3, 2), (2, 1, 2)]:
+        choices = [Replicate(), Shard(0), Shard(1)]
+        combos = [[]]
+        for _ in mesh_shape:
+            combos = [c + [p] for c in combos for p in choices]
+        for placements in combos:
+            yield mesh_shape, tuple(placements)
+        if len(mesh_shape) == 2:  # FSDP2 over tensor parallelism: dim 0 split right to left
+            yield mesh_shape, (_StridedShard(0, split_factor=mesh_shape[1]), Shard(0))
+
+
+def test_a_dtensors_box_is_its_local_shape_and_offset_as_pytorch_computes_them():
+    """Every placement on 1-D to 3-D meshes, uneven and empty shards included; a strided shard
+    whose indices are not one range (uneven sizes that FSDP2 over tensor parallelism can meet) is
+    refused with a message rather than computed as something else."""
+    import itertools
+
+    from torchdefer._dtensor import local_box
+
+    checked = refused = 0
+    for mesh_shape, placements in placement_cases():
+        for shape in [(0, 3), (1, 5), (5, 7), (7, 2), (8, 9), (13, 6)]:
+            for coordinate in itertools.product(*(range(n) for n in mesh_shape)):
+                expected_shape, expected_offset = torch_local_shape_and_offset(shape, mesh_shape, coordinate, placements)
+                try:
+                    box = local_box("t", shape, mesh_shape, coordinate, placements)
+                except ValueError as error:  # strided and uneven: PyTorch's indices are not one range
+                    assert "not one range" in str(error) and "_StridedShard" in repr(placements)
+                    refused += 1
+                    continue
+                if box is None:
+                    assert all(isinstance(p, Replicate) for p in placements)
+                    assert tuple(expected_shape) == shape
+                    continue
+                start, stop = box
+                assert tuple(b - a for a, b in zip(start, stop)) == tuple(expected_shape), (shape, placements, coordinate)
+                for dim, size in enumerate(expected_shape):
+                    if size > 0:  # PyTorch puts an empty shard at the end, as torchdefer does
+                        assert start[dim] == expected_offset[dim], (shape, placements, coordinate, box)
+                checked += 1
+    assert checked > 1000 and refused < checked / 100
