@@ -46,7 +46,7 @@ if torch.__version__.split("+")[0] != _BUILT_FOR_TORCH:
 
 from torchdefer import _C  # noqa: E402  (after the check: a mismatched _C may not even load)
 from torchdefer._C import Shard
-from torchdefer import _guard, _recording
+from torchdefer import _dtensor, _guard, _recording
 
 __all__ = [
     "Shard",
@@ -161,6 +161,7 @@ def deferred_init(
     with _recording.mode(), _C._RecordingScope(name, exact_generator):
         result = module_cls_or_callable(*args, **kwargs)
     _guard.guard(result)  # a forward before materializing fails at once (Note [Forgetting to materialize])
+    _dtensor.remember(result)  # for DTensors that replace its fakes (Note [DTensor parameters of a deferred model])
     return result
 
 
@@ -376,6 +377,12 @@ def materialize_module(
         raise TypeError(
             f"torchdefer.materialize_module expects an nn.Module, got {type(module).__name__}"
         )
+    if _dtensor.holds_deferred_dtensors(module):
+        stats = _dtensor.materialize_module(
+            module, device, shard, rng, check_fn, buffers_only, counter_seed, progress
+        )
+        _guard.release(module)
+        return stats
     _check_options(shard, rng, check_fn, counter_seed, progress)
     target = _target_device(device)
     entries = _named_tensors(module, check_fn, buffers_only, real=shard is not None)
@@ -384,6 +391,7 @@ def materialize_module(
         with _progress_callback(progress, "tensor" if shard is not None else "op") as callback:
             stats = _C.materialize_named(entries, target, rng, counter_seed, shard, progress=callback)
     _guard.release(module)  # a forward is checked no more once all of it is real
+    _dtensor.forget_materialized(module)
     return stats
 
 
@@ -411,5 +419,4 @@ def is_deferred(module: torch.nn.Module) -> bool:
 
 def _data_of(t: torch.Tensor) -> torch.Tensor:
     """The tensor holding ``t``'s values: a DTensor's local shard (FSDP2, tensor parallel), else ``t``."""
-    local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) else t
+    return _dtensor.local_of(t)

@@ -131,9 +131,6 @@ def _forward_on_fakes_on_purpose() -> bool:
 def _materialize_call(module: torch.nn.Module, fsdp1: bool) -> str:
     if fsdp1:
         return "torchdefer.compat.install() before FSDP(model) (FSDP then materializes each unit)"
-    tensors = [t for t in module.parameters() if _is_fake(t)]
-    if any(hasattr(t, "_local_tensor") for t in tensors):
-        return "torchdefer.distributed.materialize_fully_sharded(model) after fully_shard"
     return "torchdefer.materialize_module(model)"
 
 

@@ -153,7 +153,7 @@ def fully_shard_worker(rank, world):
     fully_shard(model, mesh=mesh)
     tokens = torch.arange(8).remainder(41)
     # Before FSDP2's root lazy init (a pre-forward hook fully_shard prepends) reads a fake shard.
-    call = "call torchdefer.distributed.materialize_fully_sharded(model) after fully_shard before forward"
+    call = "call torchdefer.materialize_module(model) before forward"
     held = "the module deferred_init returned (FSDPTower) still holds deferred tensors (position) (and 11 more"
     with pytest.raises(RuntimeError, match=re.escape(held)) as error:
         model(tokens)
