@@ -77,8 +77,14 @@ std::atomic<const detail::ValueReader*> value_reader{nullptr};
 // be materialized in counter RNG mode: the read decides control flow during construction, which
 // must follow eager's so that the recording is the one eager construction would have made. (A
 // value that came from a random op on an accelerator device is eager's CPU value, not that
-// device's.) Fakes of a plain FakeMode, or of another recording, record nothing to replay here,
-// and data-dependent ops on them are refused as before.
+// device's.) Fakes of a plain FakeMode, or of another recording than the one in progress, record
+// nothing to replay here, and data-dependent ops on them are refused as before.
+//
+// A recording outlives its deferred_init call: the ops run on its fakes afterwards are appended to
+// it (torchtitan-style code constructs first and runs init_weights() after), so outside any
+// RecordingScope a data-dependent op whose fakes all belong to one recording reads them the same
+// way, from that recording's graph as it stands. Eager would have read the values at this point of
+// the program, after the ops recorded so far, which is exactly what the replay computes.
 
 // A real tensor whose memory nobody owns (at::from_blob without a deleter) may be freed or
 // rewritten by its owner at any time after construction; the recorder keeps a copy instead.
@@ -189,9 +195,10 @@ class Recorder {
     }
   }
 
-  // Note [Reading values while recording]: a data-dependent op on fakes of this recording only.
+  // Note [Reading values while recording]: a data-dependent op on fakes of one recording only: the
+  // one in progress on this thread, or, outside any, the one that recorded them.
   bool reads_values_of_recording() const {
-    if (tls_graph == nullptr || !has_fake_ || !value_reading_api(op_, arguments())) {
+    if (graph_ == nullptr || !has_fake_ || !value_reading_api(op_, arguments())) {
       return false;
     }
     std::vector<at::Tensor> fakes;
@@ -206,9 +213,9 @@ class Recorder {
     if (answer_without_values(schema_.name(), fakes)) {
       return false;  // the Fake layer answers it without data
     }
-    return std::all_of(fakes.begin(), fakes.end(), [](const at::Tensor& t) {
+    return std::all_of(fakes.begin(), fakes.end(), [&](const at::Tensor& t) {
       const RecordedFake* rec = recorded(t);
-      return rec != nullptr && rec->graph == tls_graph;
+      return rec != nullptr && rec->graph == graph_;
     });
   }
 
@@ -288,7 +295,7 @@ class Recorder {
       e.add_context(c10::str(
           "torchdefer: while reading values for ",
           value_reading_api(op_, arguments()).value_or(std::string("a write into a real tensor")),
-          " (", schema_.name(), ") in deferred_init of ", tls_graph->context()));
+          " (", schema_.name(), ")", where()));
       throw;
     }
     if (is_random(op_)) {
@@ -386,16 +393,18 @@ class Recorder {
           keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
     } catch (c10::Error& e) {
       if (graph_ != nullptr) {
-        // A recorded fake records the ops run on it after its deferred_init returned, too.
-        const std::string where = graph_ == tls_graph
-                                      ? " in deferred_init of " + graph_->context()
-                                      : " on a fake recorded by deferred_init of " +
-                                            graph_->context() + ", outside that call";
         e.add_context("torchdefer: while recording " + c10::toString(schema_.operator_name()) +
-                      where);
+                      where());
       }
       throw;
     }
+  }
+
+  // A recorded fake records the ops run on it after its deferred_init returned, too.
+  std::string where() const {
+    return graph_ == tls_graph ? " in deferred_init of " + graph_->context()
+                               : " on a fake recorded by deferred_init of " + graph_->context() +
+                                     ", outside that call";
   }
 
   void record(RecordedNode node) {
@@ -490,10 +499,12 @@ at::Tensor read_values(const at::Tensor& t) {
   TORCH_CHECK(rec != nullptr, "torchdefer: cannot read the values of ", describe(t),
               ": it was made under a FakeMode, which records nothing, so it has no values. Create "
               "it inside deferred_init, or use a real tensor.");
-  TORCH_CHECK(rec->graph == tls_graph, "torchdefer: cannot read the values of ", describe(t),
-              " outside the deferred_init that recorded it (", rec->graph->context(),
-              "): values are read only while construction runs. Materialize it first "
-              "(materialize_tensor), then read the real tensor.");
+  TORCH_CHECK(tls_graph == nullptr || rec->graph == tls_graph,
+              "torchdefer: cannot read the values of ", describe(t),
+              " inside another deferred_init than the one that recorded it (",
+              rec->graph->context(),
+              "): a recording reads only its own values. Read it before or after this "
+              "deferred_init, or materialize it first (materialize_tensor).");
   const detail::ValueReader* reader = value_reader.load();
   TORCH_INTERNAL_ASSERT(reader != nullptr, "torchdefer: no value reader is installed");
   return reader->read(t);

@@ -193,6 +193,55 @@ TEST(LazyAnchors, OpsAfterDeferredInitReturnedContinueTheOwedChain) {
   }
 }
 
+// A torchtitan-style model: constructed first, initialized afterwards by init_weights(), which
+// draws truncated normals and branches on values it reads.
+struct TitanLike : torch::nn::Module {
+  TitanLike()
+      : embedding(register_module("embedding", torch::nn::Embedding(50, 16))),
+        projection(register_module("projection", torch::nn::Linear(16, 24))),
+        output(register_module("output", torch::nn::Linear(24, 50))) {}
+
+  void init_weights() {
+    torch::NoGradGuard no_grad;
+    trunc_normal_(embedding->weight, 0.0, 1.0, -2.0, 2.0);
+    trunc_normal_(projection->weight, 0.0, 0.02, -0.04, 0.04);
+    // A data-dependent branch on a tensor recorded before and initialized after construction.
+    if (projection->weight.sum().item<double>() > 0) {
+      output->weight.normal_(0.0, 0.01);
+    } else {
+      output->weight.uniform_(-0.01, 0.01);
+    }
+    const int64_t nonzero = (embedding->weight.abs() > 1.5).nonzero().size(0);
+    trunc_normal_(output->bias, 0.0, 0.02 * static_cast<double>(nonzero + 1), -2.0, 2.0);
+  }
+
+  torch::nn::Embedding embedding;
+  torch::nn::Linear projection;
+  torch::nn::Linear output;
+};
+
+TEST(LazyAnchors, InitWeightsAfterDeferredInitReturnedReadsValuesAndGivesTheEagerBits) {
+  for (uint64_t seed = 40; seed < 44; ++seed) {
+    torch::manual_seed(seed);
+    TitanLike eager;
+    eager.init_weights();
+    const at::Tensor eager_next = torch::rand({5});
+    torch::manual_seed(seed);
+    auto deferred = deferred_init([] { return std::make_shared<TitanLike>(); });
+    CapturedWarnings warnings;
+    deferred->init_weights();  // recorded, its reads replayed privately
+    EXPECT_TRUE(is_fake(deferred->output->weight));
+    materialize_module(*deferred);
+    EXPECT_TRUE(bitwise_equal(torch::rand({5}), eager_next)) << "seed " << seed;
+    EXPECT_TRUE(warnings.messages.empty()) << "seed " << seed;
+    const auto eager_parameters = eager.named_parameters();
+    for (const auto& parameter : deferred->named_parameters()) {
+      EXPECT_TRUE(bitwise_equal(parameter.value(), eager_parameters[parameter.key()]))
+          << parameter.key() << ", seed " << seed;
+    }
+  }
+}
+
 TEST(LazyAnchors, CounterModeNeverResolvesAnAnchor) {
   torch::manual_seed(13);
   const at::Tensor before = current_state();

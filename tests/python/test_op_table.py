@@ -121,10 +121,18 @@ def test_ops_with_data_dependent_shapes_read_values_while_recording(name):
     assert torch.equal(module.after, eager.after)
 
 
-def test_boolean_mask_on_a_fake_outside_recording_names_the_op():
+def test_boolean_mask_on_a_fake_after_recording_gives_eagers_values():
+    # Issue 12 item 3: the read replays privately after deferred_init returned, too.
+    torch.manual_seed(0)
+    eager = torch.randn(4)
+    torch.manual_seed(0)
     t = torchdefer.deferred_init(lambda: torch.randn(4))
+    masked = t[t > 0]
+    assert not torchdefer.is_fake(masked) and torch.equal(masked, eager[eager > 0])
+    with torchdefer.fake_mode():
+        foreign = torch.randn(4)
     with pytest.raises(RuntimeError, match="boolean mask"):
-        t[t > 0]
+        foreign[foreign > 0]
 
 
 _EMPTY_OPS = {

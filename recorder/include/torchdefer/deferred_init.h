@@ -110,12 +110,12 @@ std::invoke_result_t<F&&, Args&&...> deferred_init(const DeferredInitOptions& op
   return std::invoke(std::forward<F>(f), std::forward<Args>(args)...);
 }
 
-// Inside deferred_init: a real tensor, private to the caller, holding the values `t` has so far,
-// as eager construction would have computed them, for constructors that read small tensors
+// Inside deferred_init, or after it returned: a real tensor, private to the caller, holding the
+// values `t` has so far, as eager would have computed them, for code that reads small tensors
 // (`Tensor::item()` and the other data-dependent ops call it for you). Costs a replay of the
 // recorded ops behind `t` and changes nothing else (Note [Reading values while recording]).
-// Returns `t` itself when it is real; raises for a fake of a FakeMode or of a recording that is not
-// the one in progress on this thread.
+// Returns `t` itself when it is real; raises for a fake of a FakeMode, or, inside a deferred_init,
+// of a recording that is not the one in progress on this thread.
 TORCHDEFER_API at::Tensor read_values(const at::Tensor& t);
 
 // The recorded operations that will produce `t`'s data, in order, one line, e.g.
