@@ -3,6 +3,7 @@
 #pragma once
 
 #include <torchdefer/deferred_init.h>
+#include <torchdefer/deferred_init_guard.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/materialize.h>
 #include <torchdefer/shard.h>
