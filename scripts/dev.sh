@@ -12,8 +12,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 readonly BUILD_DIR=build
 readonly APT_PACKAGES=(cmake g++ ninja-build ccache clang-format libgtest-dev libgmock-dev
                        libbenchmark-dev)
+# torch is pinned in the same install as the rest, so that no package (lightning accepts any
+# torch >= 2.1) can pull another torch. lightning: tests/python/test_integrations.py.
 readonly PIP_PACKAGES=(torch==2.13.0 pytest==9.0.3 hypothesis==6.155.2 transformers==5.23.0
-                       matplotlib==3.11.2 accelerate==1.15.0)
+                       matplotlib==3.11.2 accelerate==1.15.0 lightning==2.6.6)
 
 log() { printf '\033[1m[torchdefer] %s\033[0m\n' "$*"; }
 
