@@ -15,10 +15,22 @@ and propagates, leaving the fakes made so far fake.
 ``deferred_init`` does nothing with its result after construction: everything that looks at the
 built modules (finding parameters, buffers and tensor attributes, refusing a tensor that
 ``.data = fake`` left neither real nor fake) happens when the module is walked, in
-``materialize_module`` and ``is_deferred`` (Note [Walking a module] in ``__init__.py``). So the
-block needs no list of the modules built in it: materializing each module the block produced is
-the same call as for ``deferred_init``'s result.
+``materialize_module`` and ``is_deferred`` (Note [Walking a module] in ``__init__.py``), so
+materializing each module the block produced is the same call as for ``deferred_init``'s result.
 
+A callable also returns what it built, and a block does not: code after ``deferred_init`` can
+act on its result, code after a block needs another way to the modules. So the block lists them
+as ``block.modules``: the modules that received a fake parameter, buffer or submodule in it, less
+those that became a submodule of another one and those dropped before the block ended (the
+roots, in the order they were first seen). It
+learns them from torch's process-wide module registration hooks, registered while any block is
+open and removed when the last one closes; a registration on another thread, or inside a
+``deferred_init`` or block nested in this one (whose mode is then the innermost), is not this
+block's. A module that holds fakes only as plain attributes, with no fake parameter, buffer or
+submodule, is not listed (it is still materialized by ``materialize_module`` like any other).
+
+Note [Exits in order]
+~~~~~~~~~~~~~~~~~~~~~
 What a callable guarantees and a block does not is the order of exits. The recording state lives
 in the thread that opened it (torch's mode stack, the C++ scope's thread-locals), and it is a
 stack. A block that ends on another thread (a generator suspended inside it and resumed
@@ -32,7 +44,11 @@ import contextlib
 import os
 import sys
 import threading
+import weakref
 from typing import Any, List, Optional
+
+import torch
+from torch.nn.modules import module as _nn_module
 
 from torchdefer import _C
 from torchdefer import _recording
@@ -48,6 +64,61 @@ def _blocks_on_this_thread() -> List["deferred"]:
     return blocks
 
 
+# The registration hooks, while any block is open on any thread (Note [deferred() is
+# deferred_init without a callable]).
+_hooks_lock = threading.Lock()
+_hook_handles: List[Any] = []
+_blocks_open_anywhere = 0
+
+
+def _recording_block() -> Optional["deferred"]:
+    """The block whose recording this thread's registrations belong to, if any: the innermost
+    block, unless a deferred_init (or fake_mode) inside it is innermost."""
+    blocks = getattr(_open_blocks, "blocks", None)
+    if not blocks:
+        return None
+    modes = torch.overrides._get_current_function_mode_stack()
+    ours = [mode for mode in modes if isinstance(mode, _recording.FakeTensorFunctions)]
+    return blocks[-1] if ours and ours[-1] is blocks[-1]._mode else None
+
+
+def _on_tensor_registered(module: torch.nn.Module, name: str, tensor: Any) -> None:
+    if isinstance(tensor, torch.Tensor) and _C.is_fake(tensor):
+        block = _recording_block()
+        if block is not None:
+            block._built.setdefault(module, None)
+
+
+def _on_submodule_registered(module: torch.nn.Module, name: str, submodule: Any) -> None:
+    if isinstance(submodule, torch.nn.Module):
+        block = _recording_block()
+        if block is not None:
+            block._built.setdefault(module, None)
+            block._children.add(submodule)
+
+
+def _hooks_for_one_more_block() -> None:
+    global _blocks_open_anywhere
+    with _hooks_lock:
+        _blocks_open_anywhere += 1
+        if _blocks_open_anywhere == 1:
+            _hook_handles.extend([
+                _nn_module.register_module_parameter_registration_hook(_on_tensor_registered),
+                _nn_module.register_module_buffer_registration_hook(_on_tensor_registered),
+                _nn_module.register_module_module_registration_hook(_on_submodule_registered),
+            ])
+
+
+def _hooks_for_one_block_less() -> None:
+    global _blocks_open_anywhere
+    with _hooks_lock:
+        _blocks_open_anywhere -= 1
+        if _blocks_open_anywhere == 0:
+            for handle in _hook_handles:
+                handle.remove()
+            _hook_handles.clear()
+
+
 class deferred:
     """A block in which every module and tensor built is deferred, as under :func:`deferred_init`::
 
@@ -58,6 +129,8 @@ class deferred:
         torchdefer.materialize_module(model)    # eager's values, bit for bit (torch RNG mode)
         torchdefer.materialize_module(head)
 
+    ``with torchdefer.deferred() as block:`` gives, after the block, ``block.modules``: the
+    top-level modules built in it (here ``[model, head]``), e.g. to materialize them all.
     Each block records on the thread that enters it; threads it starts build real tensors.
     Blocks nest with each other and with ``deferred_init`` (each inner one records separately). An
     exception inside the block closes it and propagates. A ``deferred()`` object can be entered
@@ -72,19 +145,29 @@ class deferred:
         )
         self._exit_stack: Optional[contextlib.ExitStack] = None
         self._thread = 0
+        self._mode: Optional[_recording.FakeTensorFunctions] = None
+        # Held weakly: a module built and dropped inside the block is not the block's result.
+        self._built: "weakref.WeakKeyDictionary[torch.nn.Module, None]" = weakref.WeakKeyDictionary()
+        self._children: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+        # The top-level modules built in the block, once it has exited.
+        self.modules: List[torch.nn.Module] = []
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> "deferred":
         if self._exit_stack is not None:
             raise RuntimeError(
                 f"torchdefer: {self._name} is already active; nest a new torchdefer.deferred() instead "
                 "of entering the same one twice"
             )
         with contextlib.ExitStack() as opening:
-            opening.enter_context(_recording.mode())
+            self._mode = opening.enter_context(_recording.mode())
             opening.enter_context(_C._RecordingScope(self._name))
+            _hooks_for_one_more_block()
+            opening.callback(_hooks_for_one_block_less)
             self._exit_stack = opening.pop_all()
         self._thread = threading.get_ident()
+        self._built, self._children, self.modules = weakref.WeakKeyDictionary(), weakref.WeakSet(), []
         _blocks_on_this_thread().append(self)
+        return self
 
     def __exit__(self, *exc_info: Any) -> None:
         if self._exit_stack is None:
@@ -93,6 +176,8 @@ class deferred:
         _blocks_on_this_thread().pop()
         exit_stack, self._exit_stack = self._exit_stack, None
         exit_stack.close()
+        self.modules = [m for m in list(self._built) if m not in self._children]
+        self._built, self._children = weakref.WeakKeyDictionary(), weakref.WeakSet()
 
     def _check_exit_is_in_order(self) -> None:
         if threading.get_ident() != self._thread:

@@ -220,3 +220,47 @@ def test_errors_recorded_in_a_block_name_its_line():
     with pytest.raises(RuntimeError, match=r"in deferred_init of torchdefer\.deferred\(\) at test_context\.py:\d+"):
         with torchdefer.deferred():
             torch.nn.Linear(2, 2).weight.view(3)
+
+
+def test_the_block_lists_the_top_level_modules_built_in_it():
+    existing = torch.nn.Linear(2, 2)
+    with torchdefer.deferred() as block:
+        model = Gpt2Like()
+        head = torch.nn.Linear(8, 3)
+        called = torchdefer.deferred_init(torch.nn.Linear, 2, 2)  # deferred_init's own result
+        with torchdefer.deferred() as inner:
+            nested = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        torch.nn.Linear(2, 2)(existing.weight)  # built and dropped: not the block's result
+        assert block.modules == []
+    assert inner.modules == [nested]
+    assert len(block.modules) == 2 and block.modules[0] is model and block.modules[1] is head
+    assert torchdefer.is_deferred(called)  # deferred_init's result is its own, not the block's
+    for module in block.modules:
+        torchdefer.materialize_module(module)
+    assert not torchdefer.is_deferred(model) and not torchdefer.is_deferred(head)
+
+
+def test_modules_built_on_other_threads_are_not_the_blocks():
+    built = []
+    with torchdefer.deferred() as block:
+        worker = threading.Thread(target=lambda: built.append(torch.nn.Linear(2, 2)))
+        worker.start()
+        worker.join()
+    assert block.modules == []
+    assert not torchdefer.is_fake(built[0].weight)
+
+
+def test_the_registration_hooks_live_only_while_a_block_is_open():
+    from torch.nn.modules import module
+
+    hooks = (
+        module._global_parameter_registration_hooks,
+        module._global_buffer_registration_hooks,
+        module._global_module_registration_hooks,
+    )
+    before = [len(h) for h in hooks]
+    with torchdefer.deferred():
+        assert [len(h) for h in hooks] == [n + 1 for n in before]
+        with torchdefer.deferred():
+            assert [len(h) for h in hooks] == [n + 1 for n in before]
+    assert [len(h) for h in hooks] == before
