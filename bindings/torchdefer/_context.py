@@ -45,7 +45,7 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 from torch.nn.modules import module as _nn_module
@@ -82,19 +82,35 @@ def _recording_block() -> Optional["deferred"]:
     return blocks[-1] if ours and ours[-1] is blocks[-1]._mode else None
 
 
+# Modules by id, held weakly: a module class may define __eq__ and so not be hashable, and a module
+# built and dropped inside the block is not the block's result.
+_WeakModules = Dict[int, "weakref.ReferenceType[torch.nn.Module]"]
+
+
+def _note(table: _WeakModules, module: torch.nn.Module) -> None:
+    held = table.get(id(module))
+    if held is None or held() is not module:  # new, or an id a dropped module had
+        table[id(module)] = weakref.ref(module)
+
+
+def _holds(table: _WeakModules, module: torch.nn.Module) -> bool:
+    held = table.get(id(module))
+    return held is not None and held() is module
+
+
 def _on_tensor_registered(module: torch.nn.Module, name: str, tensor: Any) -> None:
     if isinstance(tensor, torch.Tensor) and _C.is_fake(tensor):
         block = _recording_block()
         if block is not None:
-            block._built.setdefault(module, None)
+            _note(block._built, module)
 
 
 def _on_submodule_registered(module: torch.nn.Module, name: str, submodule: Any) -> None:
     if isinstance(submodule, torch.nn.Module):
         block = _recording_block()
         if block is not None:
-            block._built.setdefault(module, None)
-            block._children.add(submodule)
+            _note(block._built, module)
+            _note(block._children, submodule)
 
 
 def _hooks_for_one_more_block() -> None:
@@ -146,9 +162,8 @@ class deferred:
         self._exit_stack: Optional[contextlib.ExitStack] = None
         self._thread = 0
         self._mode: Optional[_recording.FakeTensorFunctions] = None
-        # Held weakly: a module built and dropped inside the block is not the block's result.
-        self._built: "weakref.WeakKeyDictionary[torch.nn.Module, None]" = weakref.WeakKeyDictionary()
-        self._children: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+        self._built: _WeakModules = {}
+        self._children: _WeakModules = {}
         # The top-level modules built in the block, once it has exited.
         self.modules: List[torch.nn.Module] = []
 
@@ -165,7 +180,7 @@ class deferred:
             opening.callback(_hooks_for_one_block_less)
             self._exit_stack = opening.pop_all()
         self._thread = threading.get_ident()
-        self._built, self._children, self.modules = weakref.WeakKeyDictionary(), weakref.WeakSet(), []
+        self._built, self._children, self.modules = {}, {}, []
         _blocks_on_this_thread().append(self)
         return self
 
@@ -176,8 +191,9 @@ class deferred:
         _blocks_on_this_thread().pop()
         exit_stack, self._exit_stack = self._exit_stack, None
         exit_stack.close()
-        self.modules = [m for m in list(self._built) if m not in self._children]
-        self._built, self._children = weakref.WeakKeyDictionary(), weakref.WeakSet()
+        built = [held() for held in self._built.values()]
+        self.modules = [m for m in built if m is not None and not _holds(self._children, m)]
+        self._built, self._children = {}, {}
 
     def _check_exit_is_in_order(self) -> None:
         if threading.get_ident() != self._thread:

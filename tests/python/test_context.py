@@ -264,3 +264,22 @@ def test_the_registration_hooks_live_only_while_a_block_is_open():
         with torchdefer.deferred():
             assert [len(h) for h in hooks] == [n + 1 for n in before]
     assert [len(h) for h in hooks] == before
+
+
+class Configured(torch.nn.Module):
+    """A module class that compares by value, and so is not hashable, as dataclass modules are."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(2, 2)
+
+    def __eq__(self, other):
+        return isinstance(other, Configured)
+
+    __hash__ = None
+
+
+def test_the_block_lists_modules_that_are_not_hashable():
+    with torchdefer.deferred() as block:
+        model = Configured()
+    assert len(block.modules) == 1 and block.modules[0] is model
