@@ -13,8 +13,11 @@ readonly BUILD_DIR=build
 readonly WHEEL_DIR=build-wheel  # Note [The wheel in CI]
 readonly APT_PACKAGES=(cmake g++ ninja-build ccache clang-format libgtest-dev libgmock-dev
                        libbenchmark-dev)
+# torch is pinned in the same install as the rest, so that no package (lightning accepts any
+# torch >= 2.1) can pull another torch. lightning: tests/python/test_integrations.py.
 readonly PIP_PACKAGES=(torch==2.13.0 pytest==9.0.3 hypothesis==6.155.2 transformers==5.23.0
-                       matplotlib==3.11.2 accelerate==1.15.0 scikit-build-core==1.1.2)
+                       matplotlib==3.11.2 accelerate==1.15.0 lightning==2.6.6
+                       scikit-build-core==1.1.2)
 # ccache rewrites paths inside the checkout relative to the compiler's working directory, so that
 # a build folder at the same depth as build/ compiles with build/'s commands (Note [The wheel in CI]).
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(pwd)}"

@@ -19,7 +19,7 @@ One rank's shard (every rank records the same program from the same seed)::
 
     stats = torchdefer.materialize_module(model, shard=torchdefer.Shard(rank, world_size))
 
-Functions: deferred_init, materialize_module, materialize_tensor, is_fake, is_deferred,
+Functions: deferred_init (and the block form ``with deferred():``), materialize_module, materialize_tensor, is_fake, is_deferred,
 describe, explain, shard_info, fake_mode; the shard spec Shard. Importing the package changes
 nothing in torch (Note [What recording changes, and where] in torchdefer/_recording.py). The C++ library does the work
 (torchdefer._C); this package adapts it to Python modules. Guide: docs/python.md.
@@ -47,9 +47,11 @@ if torch.__version__.split("+")[0] != _BUILT_FOR_TORCH:
 from torchdefer import _C  # noqa: E402  (after the check: a mismatched _C may not even load)
 from torchdefer._C import Shard
 from torchdefer import _dtensor, _guard, _recording
+from torchdefer._context import deferred
 
 __all__ = [
     "Shard",
+    "deferred",
     "deferred_init",
     "describe",
     "explain",

@@ -4,6 +4,7 @@
 
 #include <torchdefer/build_info.h>
 #include <torchdefer/deferred_init.h>
+#include <torchdefer/deferred_init_guard.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/materialize.h>
 #include <torchdefer/shard.h>

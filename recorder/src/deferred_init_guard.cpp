@@ -1,0 +1,13 @@
+// DeferredInitGuard: a RecordingScope with a public name (Note [A guard is a scope]).
+#include <torchdefer/deferred_init_guard.h>
+
+#include <string>
+#include <utility>
+
+namespace torchdefer {
+
+DeferredInitGuard::DeferredInitGuard(std::string context) : scope_(std::move(context)) {}
+
+DeferredInitGuard::~DeferredInitGuard() = default;
+
+}  // namespace torchdefer
