@@ -6,7 +6,8 @@
 
 namespace torchdefer {
 
-DeferredInitGuard::DeferredInitGuard(std::string context) : scope_(std::move(context)) {}
+DeferredInitGuard::DeferredInitGuard(std::string context, DeferredInitOptions options)
+    : scope_(std::move(context), options) {}
 
 DeferredInitGuard::~DeferredInitGuard() = default;
 

@@ -68,6 +68,30 @@ TEST(DeferredInitGuard, ModulesBuiltWhileItLivesMaterializeToEagerBitwise) {
   expect_same_tensors(*eager_embedding, *deferred_embedding);
 }
 
+TEST(DeferredInitGuard, WithExactGeneratorLeavesTheGeneratorWhereEagerDoesAtOnce) {
+  // trunc_normal_'s draws depend on its values, so without exact_generator the generator is owed
+  // until materialization (Note [The generator after deferred_init]); with it, the guard pays.
+  const auto build = [] {
+    at::Tensor w = torch::empty({64, 32});
+    testing::trunc_normal_(w, 0.0, 0.02, -0.04, 0.04);
+    return w;
+  };
+  torch::manual_seed(31);
+  const at::Tensor eager = build();
+  const at::Tensor eager_next = torch::rand({4});
+
+  torch::manual_seed(31);
+  at::Tensor deferred;
+  {
+    DeferredInitGuard guard("exact", DeferredInitOptions().exact_generator(true));
+    deferred = build();
+  }
+  EXPECT_TRUE(bitwise_equal(torch::rand({4}), eager_next));
+  EXPECT_TRUE(is_fake(deferred));
+  materialize_tensor(deferred);
+  EXPECT_TRUE(bitwise_equal(eager, deferred));
+}
+
 TEST(DeferredInitGuard, RecordsWhatDeferredInitRecords) {
   nn::Linear by_call = deferred_init<nn::Linear>(8, 4);
   nn::Linear by_guard(nullptr);

@@ -21,6 +21,7 @@ namespace torchdefer {
 namespace {
 
 using testing::bitwise_equal;
+using testing::trunc_normal_;
 using ::testing::HasSubstr;
 
 // Collects the warnings raised while it lives.
@@ -46,15 +47,6 @@ at::Tensor draws_from(const at::Tensor& state) {
   at::Generator copy = at::detail::createCPUGenerator();
   copy.set_state(state);
   return at::rand({1000}, copy);
-}
-
-// torchdefer::trunc_normal_, PyTorch 2.13's truncated-normal rejection sampler as one operator,
-// called the way torch.nn.init.trunc_normal_ reaches it from Python: through the dispatcher.
-at::Tensor& trunc_normal_(at::Tensor& t, double mean, double std, double a, double b) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("torchdefer::trunc_normal_", "")
-                             .typed<at::Tensor&(at::Tensor&, double, double, double, double)>();
-  return op.call(t, mean, std, a, b);
 }
 
 // Counted ops around two truncated normals and a scratch kernel that follows one, as a

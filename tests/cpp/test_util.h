@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/torch.h>
 
 #include <exception>
@@ -25,6 +26,15 @@ inline bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
          torch::equal(a.contiguous().reshape({-1}).view(at::kByte),
                       b.contiguous().reshape({-1}).view(at::kByte));
+}
+
+// torchdefer::trunc_normal_, PyTorch 2.13's truncated-normal rejection sampler as one operator,
+// called the way torch.nn.init.trunc_normal_ reaches it from Python: through the dispatcher.
+inline at::Tensor& trunc_normal_(at::Tensor& t, double mean, double std, double a, double b) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("torchdefer::trunc_normal_", "")
+                             .typed<at::Tensor&(at::Tensor&, double, double, double, double)>();
+  return op.call(t, mean, std, a, b);
 }
 
 }  // namespace torchdefer::testing

@@ -32,8 +32,9 @@ namespace torchdefer {
 class TORCHDEFER_API DeferredInitGuard {
  public:
   // `context` names the block in errors ("while recording aten::view in deferred_init of
-  // <context>").
-  explicit DeferredInitGuard(std::string context = "DeferredInitGuard");
+  // <context>"); `options` are deferred_init's (DeferredInitOptions::exact_generator).
+  explicit DeferredInitGuard(std::string context = "DeferredInitGuard",
+                             DeferredInitOptions options = {});
   ~DeferredInitGuard();
 
   DeferredInitGuard(const DeferredInitGuard&) = delete;
