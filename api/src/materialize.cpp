@@ -311,27 +311,37 @@ std::string MaterializeStats::to_string() const {
   int64_t kept = 0;
   int64_t sliced = 0;
   int64_t fell_back = 0;
+  int64_t read = 0;
   for (const TensorStats& t : tensors) {
     out << t.name << " " << c10::IntArrayRef(t.global_sizes);
     if (t.box) {
       out << " box " << c10::IntArrayRef(t.box->start) << " to " << c10::IntArrayRef(t.box->stop);
-      if (!t.sliced) {
-        out << " whole then sliced (" << t.fallback << ")";
-      } else if (!t.fallback.empty()) {
-        out << " sliced, inputs computed whole (" << t.fallback << ")";
-      } else {
-        out << " sliced";
-      }
-      (t.sliced ? sliced : fell_back) += 1;
     } else {
       out << " whole";
+    }
+    if (t.source == "checkpoint") {
+      out << ", read from the checkpoint";
+      ++read;
+    } else if (t.box && !t.sliced) {
+      out << " whole then sliced (" << t.fallback << ")";
+      ++fell_back;
+    } else if (t.box && !t.fallback.empty()) {
+      out << " sliced, inputs computed whole (" << t.fallback << ")";
+      ++sliced;
+    } else if (t.box) {
+      out << " sliced";
+      ++sliced;
     }
     out << ", computed " << t.bytes_computed << " B, kept " << t.bytes_kept << " B\n";
     computed += t.bytes_computed;
     kept += t.bytes_kept;
   }
   out << tensors.size() << " tensors: " << sliced << " sliced, " << fell_back
-      << " computed whole then sliced; " << computed << " B computed, " << kept << " B kept";
+      << " computed whole then sliced";
+  if (read > 0) {
+    out << ", " << read << " read from the checkpoint";
+  }
+  out << "; " << computed << " B computed, " << kept << " B kept";
   return out.str();
 }
 

@@ -155,6 +155,8 @@ TEST(MaterializeCheckpoint, ReadsWhatTheCheckpointHoldsAndInitializesTheRestAsEa
   for (const TensorStats& t : stats.tensors) {
     EXPECT_EQ(t.source, t.name == "weight" ? "checkpoint" : "init") << t.name;
   }
+  EXPECT_THAT(stats.to_string(), HasSubstr("weight [10, 6] whole, read from the checkpoint"));
+  EXPECT_THAT(stats.to_string(), HasSubstr("1 read from the checkpoint"));
   std::remove(path.c_str());
 }
 
