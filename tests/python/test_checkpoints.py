@@ -278,3 +278,25 @@ def test_bad_checkpoint_arguments_are_refused(tmp_path):
     with pytest.raises(RuntimeError, match="cannot open the checkpoint file .*absent"):
         torchdefer.materialize_module(model, checkpoint=tmp_path / "idx")
     assert torchdefer.is_fake(model.weight)
+
+
+def test_the_checkpoint_benchmark_loads_the_same_bytes_every_way(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))
+    from bench.harness import checkpoint as bench
+
+    bench.prepare(tmp_path, hidden=64, layers=1)
+    results = {s: bench.measure(s, tmp_path, 64, 1) for s in bench.STRATEGIES}
+    whole = results["hf-from-pretrained"]["bytes_kept"]
+    assert whole == sum(p.stat().st_size for p in bench.safetensors_files(tmp_path)) - sum(
+        8 + int.from_bytes(open(p, "rb").read(8), "little") for p in bench.safetensors_files(tmp_path)
+    )
+    for strategy, result in results.items():
+        if strategy.endswith("r0of8"):
+            assert result["bytes_kept"] < whole / 4, strategy
+        else:
+            assert result["bytes_kept"] == whole, strategy
+        if strategy.startswith("td-"):
+            # The rotary embedding's inv_freq and original_inv_freq: no checkpoint holds them.
+            assert result["initialized"] == 2 and result["from_checkpoint"] == 12, strategy
