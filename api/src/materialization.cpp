@@ -5,6 +5,8 @@
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/torch_compat.h>
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -200,6 +202,9 @@ void Materialization::commit() noexcept {
   for (auto& [key, group] : groups_) {
     group.replay->commit();
   }
+  for (const LocalShard& loaded : loaded_whole_) {
+    fake_impl(loaded.fake)->shallow_copy_from(loaded.local.getIntrusivePtr());
+  }
   for (const LocalShard& shard : shards_) {
     fake_impl(shard.fake)->shallow_copy_from(shard.local.getIntrusivePtr());
     set_shard_info(shard.fake, shard.info);
@@ -225,6 +230,39 @@ const at::Tensor& Materialization::add_real_shard(const NamedTensor& entry, cons
   ShardInfo info{entry.tensor.sizes().vec(), box, local.sizes().vec() != box.sizes()};
   real_shards_.push_back({entry.tensor, std::move(local), std::move(info)});
   return real_shards_.back().local;
+}
+
+// Note [Loading is committed with the rest]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A tensor read from a checkpoint is read into a tensor of its own when added, and takes it
+// over at commit like a computed shard, so a failed read or replay anywhere leaves every tensor
+// fake. It is not a replay target: its recording never runs for it, and the recording is not
+// told its storage turned real, so another fake of the recording that reads it still computes
+// the values construction gave it (what eager construction followed by load_state_dict leaves
+// in a buffer derived from a parameter). A whole tensor keeps the strides the recording gave it.
+const at::Tensor& Materialization::add_loaded(const NamedTensor& entry,
+                                              const std::optional<Box>& box,
+                                              const std::string& key) {
+  const at::Tensor& fake = entry.tensor;
+  const auto tensor_options = at::TensorOptions()
+                                  .dtype(fake.scalar_type())
+                                  .device(options_.device().value_or(fake.device()));
+  const Box region = box.value_or(whole(fake.sizes()));
+  at::Tensor local = at::empty(region.sizes(), tensor_options);
+  options_.checkpoint()->read(key, region, local);
+  if (box) {
+    local = own(local, *box, options_, entry);
+    ShardInfo info{fake.sizes().vec(), *box, local.sizes().vec() != box->sizes()};
+    shards_.push_back({fake, std::move(local), std::move(info)});
+    return shards_.back().local;
+  }
+  if (!fake.is_contiguous() && fake.is_non_overlapping_and_dense()) {
+    at::Tensor strided = at::empty_strided(fake.sizes(), fake.strides(), tensor_options);
+    strided.copy_(local);
+    local = std::move(strided);
+  }
+  loaded_whole_.push_back({fake, std::move(local), ShardInfo{}});
+  return loaded_whole_.back().local;
 }
 
 at::Tensor read_recorded_values(const at::Tensor& fake) {

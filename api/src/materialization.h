@@ -65,6 +65,12 @@ class Materialization {
   // rest (Note [Real tensors of a sharded module]); returns the slice.
   const at::Tensor& add_real_shard(const NamedTensor& entry, const Box& box);
 
+  // Reads `entry`'s `box` (the whole tensor for nullopt) from the options' checkpoint under
+  // `key` now, cast to its dtype on the target device, to be committed with the rest; returns
+  // the local tensor (Note [Loading is committed with the rest]).
+  const at::Tensor& add_loaded(const NamedTensor& entry, const std::optional<Box>& box,
+                               const std::string& key);
+
   // Plans, runs and commits everything added, reporting each replayed node to the progress
   // callback when `report_progress`.
   void run(bool report_progress);
@@ -95,6 +101,7 @@ class Materialization {
   std::map<const OpGraph*, Group> groups_;
   std::vector<LocalShard> shards_;
   std::vector<LocalShard> real_shards_;
+  std::vector<LocalShard> loaded_whole_;  // info unused: whole tensors are no shards
 };
 
 // Note [Reading values while recording]: the values `fake` (a fake of the recording in progress)

@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "checkpoint_plan.h"
 #include "materialization.h"
 
 namespace torchdefer {
@@ -144,8 +145,17 @@ void plan_real(const NamedTensor& entry, const MaterializeOptions& options, Mate
   stats.tensors.push_back(std::move(tensor_stats));
 }
 
+// Reads `entry` (its box when `box`) from the checkpoint under `key`, and reports it.
+void plan_loaded(const NamedTensor& entry, const std::optional<Box>& box, const std::string& key,
+                 TensorStats& stats, detail::Materialization& materialization) {
+  stats.source = "checkpoint";
+  stats.box = box;
+  stats.bytes_kept = static_cast<int64_t>(materialization.add_loaded(entry, box, key).nbytes());
+}
+
 MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
-                                     const MaterializeOptions& options) {
+                                     const MaterializeOptions& options,
+                                     const detail::CheckpointPlan& checkpoint) {
   MaterializeStats stats;
   detail::Materialization materialization(options);
   std::vector<std::string> whole_names;
@@ -164,6 +174,12 @@ MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
     tensor_stats.name = entry.name;
     tensor_stats.global_sizes = entry.tensor.sizes().vec();
     const std::optional<Box> box = box_of(entry, options);
+    if (const std::string* key = checkpoint.key(entry.tensor)) {
+      plan_loaded(entry, box, *key, tensor_stats, materialization);
+      stats.tensors.push_back(std::move(tensor_stats));
+      progress.step(entry.name);
+      continue;
+    }
     if (!box) {
       tensor_stats.bytes_computed = tensor_stats.bytes_kept =
           static_cast<int64_t>(entry.tensor.nbytes());
@@ -206,6 +222,29 @@ const ReplayValueReader kValueReader;
 [[maybe_unused]] const bool kValueReaderInstalled =
     (detail::install_value_reader(kValueReader), true);
 
+// The checkpoint's plan for a call, checked (Note [Checking a checkpoint first]); empty
+// without a checkpoint. A tensor real at record time is not read: its value is not the
+// recording's to replace (Note [Real tensors of a sharded module]), so it is refused by name.
+detail::CheckpointPlan checkpoint_plan(const std::vector<NamedTensor>& tensors,
+                                       const std::vector<NamedTensor>& module_tensors,
+                                       const MaterializeOptions& options) {
+  if (!options.checkpoint()) {
+    return {};
+  }
+  detail::CheckpointPlan plan = detail::plan_checkpoint(options, module_tensors, tensors);
+  std::vector<std::string> real;
+  for (const NamedTensor& t : module_tensors) {
+    if (real_at_record_time(t.tensor) && plan.key(t.tensor) != nullptr && !options.buffers_only()) {
+      real.push_back(*plan.key(t.tensor));
+    }
+  }
+  TORCH_CHECK(real.empty(), "torchdefer: the checkpoint holds ", c10::Join(", ", real),
+              ", which construction made real (not a recorded fake), so materializing does not "
+              "replace it; nothing was loaded. Copy those values in yourself and leave them out "
+              "of the checkpoint (pass a mapping without them).");
+  return plan;
+}
+
 }  // namespace
 
 at::Tensor materialize_tensor(const at::Tensor& t, const MaterializeOptions& options) {
@@ -219,29 +258,51 @@ void materialize_tensors(const std::vector<at::Tensor>& tensors,
 }
 
 MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tensors,
+                                           const std::vector<NamedTensor>& module_tensors,
                                            const MaterializeOptions& options) {
+  const detail::CheckpointPlan checkpoint = checkpoint_plan(tensors, module_tensors, options);
   if (options.sharded()) {
-    return materialize_sharded(tensors, options);
+    return materialize_sharded(tensors, options, checkpoint);
   }
   MaterializeStats stats;
-  std::vector<at::Tensor> fakes;
+  detail::Materialization materialization(options);
   for (const NamedTensor& entry : tensors) {
     if (!is_fake(entry.tensor)) {
       continue;
     }
     const auto bytes = static_cast<int64_t>(entry.tensor.nbytes());
-    stats.tensors.push_back(
-        {entry.name, entry.tensor.sizes().vec(), std::nullopt, false, "", bytes, bytes});
-    fakes.push_back(entry.tensor);
+    TensorStats tensor_stats{entry.name, entry.tensor.sizes().vec(), std::nullopt, false, "", bytes,
+                             bytes};
+    if (const std::string* key = checkpoint.key(entry.tensor)) {
+      tensor_stats.bytes_computed = 0;
+      plan_loaded(entry, std::nullopt, *key, tensor_stats, materialization);
+    } else {
+      materialization.add(entry.tensor);
+    }
+    stats.tensors.push_back(std::move(tensor_stats));
   }
-  materialize_whole(fakes, options);
+  materialization.run(/*report_progress=*/true);
   return stats;
+}
+
+MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tensors,
+                                           const MaterializeOptions& options) {
+  return materialize_named_tensors(tensors, tensors, options);
 }
 
 MaterializeStats materialize_module(torch::nn::Module& module, const MaterializeOptions& options) {
   ModuleTensors tensors(options);
   tensors.collect(module, "", /*is_root=*/true);
-  return materialize_named_tensors(tensors.entries(), options);
+  std::vector<NamedTensor> module_tensors;
+  if (options.checkpoint()) {
+    for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+      module_tensors.push_back({p.key(), p.value(), true});
+    }
+    for (const auto& b : module.named_buffers(/*recurse=*/true)) {
+      module_tensors.push_back({b.key(), b.value(), false});
+    }
+  }
+  return materialize_named_tensors(tensors.entries(), module_tensors, options);
 }
 
 std::string MaterializeStats::to_string() const {
@@ -250,27 +311,37 @@ std::string MaterializeStats::to_string() const {
   int64_t kept = 0;
   int64_t sliced = 0;
   int64_t fell_back = 0;
+  int64_t read = 0;
   for (const TensorStats& t : tensors) {
     out << t.name << " " << c10::IntArrayRef(t.global_sizes);
     if (t.box) {
       out << " box " << c10::IntArrayRef(t.box->start) << " to " << c10::IntArrayRef(t.box->stop);
-      if (!t.sliced) {
-        out << " whole then sliced (" << t.fallback << ")";
-      } else if (!t.fallback.empty()) {
-        out << " sliced, inputs computed whole (" << t.fallback << ")";
-      } else {
-        out << " sliced";
-      }
-      (t.sliced ? sliced : fell_back) += 1;
     } else {
       out << " whole";
+    }
+    if (t.source == "checkpoint") {
+      out << ", read from the checkpoint";
+      ++read;
+    } else if (t.box && !t.sliced) {
+      out << " whole then sliced (" << t.fallback << ")";
+      ++fell_back;
+    } else if (t.box && !t.fallback.empty()) {
+      out << " sliced, inputs computed whole (" << t.fallback << ")";
+      ++sliced;
+    } else if (t.box) {
+      out << " sliced";
+      ++sliced;
     }
     out << ", computed " << t.bytes_computed << " B, kept " << t.bytes_kept << " B\n";
     computed += t.bytes_computed;
     kept += t.bytes_kept;
   }
   out << tensors.size() << " tensors: " << sliced << " sliced, " << fell_back
-      << " computed whole then sliced; " << computed << " B computed, " << kept << " B kept";
+      << " computed whole then sliced";
+  if (read > 0) {
+    out << ", " << read << " read from the checkpoint";
+  }
+  out << "; " << computed << " B computed, " << kept << " B kept";
   return out.str();
 }
 

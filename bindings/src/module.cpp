@@ -6,6 +6,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,6 +50,31 @@ class FakeModeContext {
  private:
   std::optional<c10::Device> device_;
   std::unique_ptr<FakeMode> mode_;
+};
+
+// A checkpoint implemented in Python (a DCP directory, a mapping; bindings/torchdefer/
+// _checkpoint.py): its tensors' shapes and dtypes, and a callable read(name, start, stop, out)
+// that fills `out` with that box. Reads run without the GIL, so each call takes it, and so does
+// dropping the callable.
+class PythonCheckpoint final : public CheckpointReader {
+ public:
+  PythonCheckpoint(std::map<std::string, CheckpointTensor> tensors, py::function read)
+      : tensors_(std::move(tensors)), read_(std::move(read)) {}
+  ~PythonCheckpoint() override {
+    py::gil_scoped_acquire gil;
+    read_ = py::function();
+  }
+
+  const std::map<std::string, CheckpointTensor>& tensors() const override { return tensors_; }
+
+  void read(const std::string& name, const Box& box, const at::Tensor& out) const override {
+    py::gil_scoped_acquire gil;
+    read_(name, box.start, box.stop, out);
+  }
+
+ private:
+  std::map<std::string, CheckpointTensor> tensors_;
+  py::function read_;
 };
 
 // Boxes by qualified name, as Python passes them: {name: (start, stop)}.
@@ -112,6 +138,7 @@ py::dict stats_to_dict(const TensorStats& t) {
   d["fallback"] = t.fallback;
   d["bytes_computed"] = t.bytes_computed;
   d["bytes_kept"] = t.bytes_kept;
+  d["source"] = t.source;
   return d;
 }
 
@@ -177,22 +204,54 @@ PYBIND11_MODULE(_C, m) {
     d["padded"] = info->padded;
     return std::move(d);
   });
+  py::class_<CheckpointReader, std::shared_ptr<CheckpointReader>>(m, "_CheckpointReader")
+      .def("tensors", [](const CheckpointReader& reader) {
+        py::dict d;
+        for (const auto& [name, t] : reader.tensors()) {
+          d[py::str(name)] = py::make_tuple(t.sizes, t.dtype);
+        }
+        return d;
+      });
+  m.def("_open_safetensors", &open_safetensors, py::arg("path"));
+  m.def(
+      "_python_checkpoint",
+      [](const std::map<std::string, std::pair<std::vector<int64_t>, at::ScalarType>>& tensors,
+         py::function read) -> std::shared_ptr<CheckpointReader> {
+        std::map<std::string, CheckpointTensor> meta;
+        for (const auto& [name, t] : tensors) {
+          meta.emplace(name, CheckpointTensor{t.first, t.second});
+        }
+        return std::make_shared<PythonCheckpoint>(std::move(meta), std::move(read));
+      },
+      py::arg("tensors"), py::arg("read"));
   m.def(
       "materialize_named",
       [](const std::vector<std::tuple<std::string, at::Tensor, bool>>& entries,
          std::optional<c10::Device> device, std::optional<std::string> rng,
          std::optional<uint64_t> counter_seed, std::optional<Shard> shard,
-         std::optional<NamedBoxes> regions, std::optional<py::function> progress) {
+         std::optional<NamedBoxes> regions, std::optional<py::function> progress,
+         std::shared_ptr<CheckpointReader> checkpoint, const std::string& checkpoint_prefix,
+         bool strict,
+         const std::vector<std::tuple<std::string, at::Tensor, bool>>& module_entries) {
         std::vector<NamedTensor> tensors;
         for (const auto& [name, tensor, parameter] : entries) {
           tensors.push_back({name, tensor, parameter});
         }
-        const MaterializeOptions options =
+        std::vector<NamedTensor> module_tensors;
+        for (const auto& [name, tensor, parameter] : module_entries) {
+          module_tensors.push_back({name, tensor, parameter});
+        }
+        MaterializeOptions options =
             make_options(device, rng, counter_seed, shard, std::move(regions), std::move(progress));
+        if (checkpoint) {
+          options.checkpoint(std::move(checkpoint), checkpoint_prefix).strict(strict);
+        }
         MaterializeStats stats;
         {
           py::gil_scoped_release no_gil;
-          stats = materialize_named_tensors(tensors, options);
+          stats = module_tensors.empty()
+                      ? materialize_named_tensors(tensors, options)
+                      : materialize_named_tensors(tensors, module_tensors, options);
         }
         py::list result;
         for (const TensorStats& t : stats.tensors) {
@@ -202,7 +261,9 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("entries"), py::arg("device") = py::none(), py::arg("rng") = py::none(),
       py::arg("counter_seed") = py::none(), py::arg("shard") = py::none(),
-      py::arg("regions") = py::none(), py::arg("progress") = py::none());
+      py::arg("regions") = py::none(), py::arg("progress") = py::none(),
+      py::arg("checkpoint") = nullptr, py::arg("checkpoint_prefix") = "", py::arg("strict") = true,
+      py::arg("module_entries") = std::vector<std::tuple<std::string, at::Tensor, bool>>{});
   m.def("counter_fill_cpu_capability", [] { return counter_fill_cpu_capability(); });
   m.def("has_cuda_kernels", [] { return has_cuda_kernels(); });
 }

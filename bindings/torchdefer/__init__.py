@@ -46,7 +46,7 @@ if torch.__version__.split("+")[0] != _BUILT_FOR_TORCH:
 
 from torchdefer import _C  # noqa: E402  (after the check: a mismatched _C may not even load)
 from torchdefer._C import Shard
-from torchdefer import _dtensor, _guard, _recording
+from torchdefer import _checkpoint, _dtensor, _guard, _recording
 from torchdefer._context import deferred
 
 __all__ = [
@@ -352,6 +352,9 @@ def materialize_module(
     buffers_only: bool = False,
     counter_seed: Optional[int] = None,
     progress: Union[bool, ProgressFn, None] = None,
+    checkpoint: Optional[_checkpoint.Checkpoint] = None,
+    strict: bool = True,
+    checkpoint_prefix: str = "",
 ) -> List[Dict[str, Any]]:
     """Turns the fake parameters, buffers and tensor attributes of ``module`` real, in place.
 
@@ -369,8 +372,17 @@ def materialize_module(
     bar (or a line on stderr without tqdm); a callable gets ``(done, total, name)`` after each
     replayed op (each tensor when sharding).
 
+    ``checkpoint`` (a ``.safetensors`` file, a directory ``save_pretrained`` or
+    ``torch.distributed.checkpoint`` wrote, or a mapping of names to tensors) supplies tensors by
+    qualified name, read (only this rank's box when sharding), cast to the recorded dtype and
+    placed on the target device; the rest is initialized as without it. ``strict=False`` ignores
+    checkpoint names that match no parameter or buffer; tensors the checkpoint lacks are
+    initialized either way. ``checkpoint_prefix`` is prepended to the module's names (a child
+    materialized on its own). See docs/checkpoints.md.
+
     Returns one dict per materialized tensor: ``name``, ``global_shape``, ``box`` (the shard's
-    ``(start, stop)``, or None), ``sliced``, ``fallback``, ``bytes_computed``, ``bytes_kept``.
+    ``(start, stop)``, or None), ``sliced``, ``fallback``, ``bytes_computed``, ``bytes_kept``,
+    ``source`` (``"checkpoint"`` or ``"init"``).
     Raises TypeError/ValueError for bad arguments, RuntimeError naming the tensor or op when
     materializing fails; then (or if ``check_fn`` or ``progress`` raises) every tensor is as it
     was: nothing is half-materialized.
@@ -379,9 +391,16 @@ def materialize_module(
         raise TypeError(
             f"torchdefer.materialize_module expects an nn.Module, got {type(module).__name__}"
         )
+    loading: Dict[str, Any] = {}
+    if checkpoint is not None:
+        loading = dict(
+            checkpoint=_checkpoint.open_checkpoint(checkpoint),
+            strict=bool(strict),
+            checkpoint_prefix=checkpoint_prefix,
+        )
     if _dtensor.holds_deferred_dtensors(module):
         stats = _dtensor.materialize_module(
-            module, device, shard, rng, check_fn, buffers_only, counter_seed, progress
+            module, device, shard, rng, check_fn, buffers_only, counter_seed, progress, loading
         )
         _guard.release(module)
         return stats
@@ -390,8 +409,12 @@ def materialize_module(
     entries = _named_tensors(module, check_fn, buffers_only, real=shard is not None)
     stats: List[Dict[str, Any]] = []
     if entries:
+        if loading:
+            loading["module_entries"] = _checkpoint.module_entries(module, _module_tensors)
         with _progress_callback(progress, "tensor" if shard is not None else "op") as callback:
-            stats = _C.materialize_named(entries, target, rng, counter_seed, shard, progress=callback)
+            stats = _C.materialize_named(
+                entries, target, rng, counter_seed, shard, progress=callback, **loading
+            )
     _guard.release(module)  # a forward is checked no more once all of it is real
     _dtensor.forget_materialized(module)
     return stats

@@ -346,16 +346,21 @@ def _check_global(name: str, dtensor: Any, global_fake: torch.Tensor) -> None:
         )
 
 
-def materialize_module(module, device, shard, rng, check_fn, buffers_only, counter_seed, progress):
+def materialize_module(
+    module, device, shard, rng, check_fn, buffers_only, counter_seed, progress, loading=None
+):
     """torchdefer.materialize_module for a module holding DTensors: their placements say what
-    each rank computes, so ``shard``, ``check_fn`` and ``buffers_only`` do not apply."""
+    each rank computes, so ``shard``, ``check_fn`` and ``buffers_only`` do not apply. ``loading``
+    holds the checkpoint arguments (docs/checkpoints.md): a DTensor's box is read from it."""
     for argument, value in (("shard", shard), ("check_fn", check_fn), ("buffers_only", buffers_only or None)):
         if value is not None:
             raise ValueError(
                 f"torchdefer.materialize_module: {argument} does not apply to a module holding DTensors "
                 "(their placements say what each rank computes); drop it"
             )
-    return materialize(module, device=device, rng=rng, counter_seed=counter_seed, progress=progress)
+    return materialize(
+        module, device=device, rng=rng, counter_seed=counter_seed, progress=progress, loading=loading
+    )
 
 
 def materialize(
@@ -365,6 +370,7 @@ def materialize(
     rng: Optional[str] = None,
     counter_seed: Optional[int] = None,
     progress: Any = None,
+    loading: Optional[Dict[str, Any]] = None,
 ) -> List[Dict[str, Any]]:
     """Materializes ``module``, whose tree holds DTensors with fake local tensors: each DTensor's
     local tensor on this rank alone (Note [DTensor parameters of a deferred model]), and every
@@ -383,9 +389,23 @@ def materialize(
         if target.box is not None:
             regions[target.name] = target.box
     entries += torchdefer._named_tensors(module, None, False)
+    loading = dict(loading or {})
+    if loading:
+        # The checks see each DTensor as the global tensor it was recorded as, under every name.
+        names = {t.name for t in targets}
+        loading["module_entries"] = [
+            (t.name, t.global_fake, isinstance(t.dtensor, torch.nn.Parameter)) for t in targets
+        ] + [e for e in entries if e[0] not in names]
     with torchdefer._progress_callback(progress, "tensor") as callback:
         stats = _C.materialize_named(
-            entries, torchdefer._target_device(device), rng, counter_seed, None, regions, progress=callback
+            entries,
+            torchdefer._target_device(device),
+            rng,
+            counter_seed,
+            None,
+            regions,
+            progress=callback,
+            **loading,
         )
     # Each computed global is this rank's part alone and becomes the local tensor (for FSDP2, its
     # buffer; an uneven shard is copied into a padded one). Every other reference to it (the

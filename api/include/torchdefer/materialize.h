@@ -6,6 +6,7 @@
 //   torchdefer::materialize_module(*model->layers[3], MaterializeOptions().device(at::kCUDA));
 #pragma once
 
+#include <torchdefer/checkpoint.h>
 #include <torchdefer/deferred_init.h>
 #include <torchdefer/export.h>
 #include <torchdefer/shard.h>
@@ -41,12 +42,14 @@ enum class RngMode {
 struct TensorStats {
   std::string name;  // qualified name in the module
   std::vector<int64_t> global_sizes;
-  std::optional<Box> box;      // the shard it holds; nullopt for the whole tensor
-  bool sliced = false;         // its box was computed from regions (Note [Region replay])
-  std::string fallback;        // the op(s) that made the whole tensor, or an input, be computed
-                               // whole ("" when nothing was)
-  int64_t bytes_computed = 0;  // bytes allocated to produce it
-  int64_t bytes_kept = 0;      // bytes it holds now
+  std::optional<Box> box;       // the shard it holds; nullopt for the whole tensor
+  bool sliced = false;          // its box was computed from regions (Note [Region replay])
+  std::string fallback;         // the op(s) that made the whole tensor, or an input, be computed
+                                // whole ("" when nothing was)
+  int64_t bytes_computed = 0;   // bytes allocated to produce it
+  int64_t bytes_kept = 0;       // bytes it holds now
+  std::string source = "init";  // "checkpoint" when read from MaterializeOptions::checkpoint,
+                                // "init" when computed from the recording
 };
 
 struct MaterializeStats {
@@ -115,6 +118,23 @@ class MaterializeOptions {
     buffers_only_ = buffers_only;
     return *this;
   }
+  // materialize_module only: every parameter and buffer `reader` holds is read from it (this
+  // rank's box of it when sharding) instead of computed; the rest is initialized from the
+  // recording (docs/checkpoints.md). The reader's names are the module's qualified names with
+  // `prefix` in front (a child materialized on its own); names without it are ignored.
+  MaterializeOptions& checkpoint(std::shared_ptr<const CheckpointReader> reader,
+                                 std::string prefix = "") {
+    checkpoint_ = std::move(reader);
+    checkpoint_prefix_ = std::move(prefix);
+    return *this;
+  }
+  // With a checkpoint: whether a checkpoint name that matches no parameter or buffer is an error
+  // (the default) or ignored. Tensors the checkpoint lacks are initialized either way (Note
+  // [Checking a checkpoint first]).
+  MaterializeOptions& strict(bool strict = true) {
+    strict_ = strict;
+    return *this;
+  }
   // Called after each step (Note [Progress]).
   MaterializeOptions& progress(std::function<void(const MaterializeProgress&)> progress) {
     progress_ = std::move(progress);
@@ -130,6 +150,9 @@ class MaterializeOptions {
   const std::function<bool(const torch::nn::Module&)>& check_fn() const { return check_fn_; }
   bool buffers_only() const { return buffers_only_; }
   const std::function<void(const MaterializeProgress&)>& progress() const { return progress_; }
+  const std::shared_ptr<const CheckpointReader>& checkpoint() const { return checkpoint_; }
+  const std::string& checkpoint_prefix() const { return checkpoint_prefix_; }
+  bool strict() const { return strict_; }
 
  private:
   std::optional<c10::Device> device_;
@@ -140,6 +163,9 @@ class MaterializeOptions {
   std::function<bool(const torch::nn::Module&)> check_fn_;
   bool buffers_only_ = false;
   std::function<void(const MaterializeProgress&)> progress_;
+  std::shared_ptr<const CheckpointReader> checkpoint_;
+  std::string checkpoint_prefix_;
+  bool strict_ = true;
 };
 
 // Makes `t` real in place: the same TensorImpl gets real storage, so every at::Tensor, module
@@ -173,6 +199,13 @@ struct NamedTensor {
 // materialize_module for a list of named tensors (check_fn and buffers_only are the caller's).
 TORCHDEFER_API MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tensors,
                                                           const MaterializeOptions& options = {});
+
+// The same with a checkpoint: `module_tensors` names every parameter and buffer of the module,
+// under each of its names (tied ones), real ones and those check_fn skips included, so that the
+// checkpoint's names are checked against the whole module (Note [Checking a checkpoint first]).
+TORCHDEFER_API MaterializeStats materialize_named_tensors(
+    const std::vector<NamedTensor>& tensors, const std::vector<NamedTensor>& module_tensors,
+    const MaterializeOptions& options);
 
 // True if any parameter or buffer of `module` or its children is still fake.
 TORCHDEFER_API bool is_deferred(const torch::nn::Module& module);

@@ -1,0 +1,133 @@
+"""Checkpoints for ``materialize_module(module, checkpoint=...)``: what each kind of source is
+opened as (docs/checkpoints.md).
+
+Note [Checkpoint sources]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+Every source becomes one C++ CheckpointReader (api/include/torchdefer/checkpoint.h): the names
+and global shapes and dtypes of the tensors it holds, and a read of any box of any of them into a
+destination tensor that the C++ orchestrator allocates (this rank's shard, the recorded dtype,
+the target device) and commits with everything else, all or nothing. A region layout (a
+DTensor's placements, given to materialize_module as a box per name) reads that box and nothing
+else, the same way as a Shard's box.
+
+- safetensors (a file, an index, a save_pretrained directory) is read by the C++ reader with
+  pread, only the bytes of the box (Note [Reading a box of a safetensors tensor]).
+- a torch.distributed.checkpoint directory is read through DCP's own storage reader with a load
+  planner that asks for exactly the box: DCP reads the stored chunks that overlap it. What DCP's
+  FileSystemReader does with a chunk is its own business: it reads each overlapping stored chunk
+  whole before narrowing it, so the peak for a box is the largest stored chunk it overlaps (a
+  checkpoint saved by N ranks stores chunks of 1/N of each tensor).
+- a mapping of names to tensors is sliced and copied.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Tuple
+
+import torch
+
+from torchdefer import _C
+
+Checkpoint = Any  # str | os.PathLike | Mapping[str, torch.Tensor]
+
+_DCP_METADATA = ".metadata"
+
+
+def open_checkpoint(checkpoint: Checkpoint) -> Any:
+    """The C++ reader for ``checkpoint`` (Note [Checkpoint sources])."""
+    if isinstance(checkpoint, Mapping):
+        return _mapping_reader(checkpoint)
+    if not isinstance(checkpoint, (str, os.PathLike)):
+        raise TypeError(
+            "torchdefer: checkpoint must be a path (a .safetensors file, a directory save_pretrained "
+            "or torch.distributed.checkpoint wrote) or a mapping of names to tensors, got "
+            f"{type(checkpoint).__name__}"
+        )
+    path = os.fspath(checkpoint)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"torchdefer: the checkpoint {path!r} does not exist")
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, _DCP_METADATA)):
+        return _dcp_reader(path)
+    return _C._open_safetensors(path)
+
+
+def _box(tensor: torch.Tensor, start: List[int], stop: List[int]) -> torch.Tensor:
+    return tensor[tuple(slice(a, b) for a, b in zip(start, stop))]
+
+
+def _mapping_reader(mapping: Mapping[str, Any]) -> Any:
+    tensors: Dict[str, Tuple[List[int], torch.dtype]] = {}
+    for name, value in mapping.items():
+        if not isinstance(name, str) or not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"torchdefer: a checkpoint mapping maps names (str) to tensors; {name!r} maps to "
+                f"{type(value).__name__}"
+            )
+        if _C.is_fake(value) or value.is_meta:
+            raise ValueError(f"torchdefer: the checkpoint's {name!r} is {_C.describe(value)}: it has no values")
+        tensors[name] = (list(value.shape), value.dtype)
+
+    def read(name: str, start: List[int], stop: List[int], out: torch.Tensor) -> None:
+        with torch.no_grad():
+            out.copy_(_box(mapping[name], start, stop))
+
+    return _C._python_checkpoint(tensors, read)
+
+
+def _dcp_reader(path: str) -> Any:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
+    from torch.distributed.checkpoint.planner import LoadPlan
+    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+    metadata = dcp.FileSystemReader(path).read_metadata()
+    stored = {
+        name: item
+        for name, item in metadata.state_dict_metadata.items()
+        if isinstance(item, TensorStorageMetadata)
+    }
+    tensors = {name: (list(item.size), item.properties.dtype) for name, item in stored.items()}
+
+    class BoxPlanner(dcp.DefaultLoadPlanner):
+        """Reads one box of one tensor: the read items of the stored chunks that overlap it."""
+
+        def __init__(self, name: str, start: List[int], stop: List[int], out: torch.Tensor) -> None:
+            super().__init__()
+            self._name = name
+            self._out = out
+            self._chunk = ChunkStorageMetadata(
+                offsets=torch.Size(start), sizes=torch.Size(b - a for a, b in zip(start, stop))
+            )
+
+        def create_local_plan(self) -> LoadPlan:
+            items = create_read_items_for_chunk_list(self._name, stored[self._name], [self._chunk])
+            return LoadPlan(items)
+
+        def resolve_tensor(self, read_item: Any) -> torch.Tensor:
+            # The item's part of the box; its offsets are relative to the box.
+            part = self._out
+            for dim, (offset, length) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
+                part = part.narrow(dim, offset, length)
+            return part
+
+    def read(name: str, start: List[int], stop: List[int], out: torch.Tensor) -> None:
+        if out.numel() == 0:
+            return
+        dcp.load(
+            {name: out},
+            storage_reader=dcp.FileSystemReader(path),
+            planner=BoxPlanner(name, start, stop, out),
+        )
+
+    return _C._python_checkpoint(tensors, read)
+
+
+def module_entries(module: torch.nn.Module, walk: Any) -> List[Tuple[str, torch.Tensor, bool]]:
+    """Every tensor of ``module`` under every name it has (tied ones, real ones and those a
+    check_fn skips included), for the checks (Note [Checking a checkpoint first] in
+    api/src/checkpoint_plan.cpp). ``walk`` is the package's module walk."""
+    entries = [(name, p, True) for name, p in module.named_parameters(remove_duplicate=False)]
+    entries += [(name, b, False) for name, b in module.named_buffers(remove_duplicate=False)]
+    entries += [e for e in walk(module, None, False) if not e[2]]
+    return entries

@@ -1,0 +1,340 @@
+"""materialize_module(checkpoint=...): what a checkpoint holds is read (this rank's box when
+sharding), everything else initialized from the recording as without it (docs/checkpoints.md).
+Hugging Face models are built from small configs; nothing is downloaded."""
+
+import json
+import os
+
+import pytest
+import torch
+import torchdefer
+import transformers  # installed by scripts/dev.sh; a missing one must fail, not skip
+from safetensors.torch import load_file, save_file
+
+CONFIG = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=64,
+)
+
+
+def config(**extra):
+    return transformers.LlamaConfig(**CONFIG, **extra)
+
+
+def add_lora(model, rank=4):
+    """LoRA-style adapters on every attention projection, initialized by their own code."""
+    for name, module in model.named_modules():
+        if name.endswith(("q_proj", "v_proj")):
+            module.lora_A = torch.nn.Parameter(torch.empty(rank, module.in_features))
+            module.lora_B = torch.nn.Parameter(torch.zeros(module.out_features, rank))
+            torch.nn.init.kaiming_uniform_(module.lora_A, a=5**0.5)
+    return model
+
+
+def classifier():
+    """A fine-tuning target: the base model's body, a new head and adapters."""
+    model = transformers.AutoModelForSequenceClassification.from_config(config(num_labels=3))
+    return add_lora(model)
+
+
+def bitwise_equal(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
+        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
+    )
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A causal LM's weights (other values than the fine-tuning target's init) saved by
+    save_pretrained once as one file and once split into several."""
+    torch.manual_seed(123)
+    base = transformers.AutoModelForCausalLM.from_config(config())
+    root = tmp_path_factory.mktemp("ckpt")
+    base.save_pretrained(root / "single")
+    base.save_pretrained(root / "multi", max_shard_size="40KB")
+    assert len([f for f in os.listdir(root / "multi") if f.endswith(".safetensors")]) > 2
+    weights = load_file(root / "single" / "model.safetensors")
+    return root, weights
+
+
+def body(weights):
+    """The checkpoint without the causal LM's head, which the classifier lacks."""
+    return {k: v for k, v in weights.items() if k != "lm_head.weight"}
+
+
+def eager_loaded(weights):
+    torch.manual_seed(0)
+    eager = classifier()
+    missing, unexpected = eager.load_state_dict(body(weights), strict=False)
+    assert not unexpected and missing
+    return eager
+
+
+def tensors(model):
+    return dict(model.named_parameters()) | dict(model.named_buffers())
+
+
+@pytest.mark.parametrize("layout", ["single", "multi", "file"])
+def test_loaded_tensors_are_the_files_and_missing_ones_eager(saved, layout):
+    root, weights = saved
+    checkpoint = {"single": root / "single", "multi": root / "multi",
+                  "file": root / "single" / "model.safetensors"}[layout]
+    expected = tensors(eager_loaded(weights))
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(classifier)
+    stats = torchdefer.materialize_module(model, checkpoint=checkpoint, strict=False)
+    assert not torchdefer.is_deferred(model)
+    sources = {s["name"]: s["source"] for s in stats}
+    for name, t in tensors(model).items():
+        assert bitwise_equal(t, expected[name]), name
+        if name in weights:
+            assert bitwise_equal(t, weights[name]) and sources[name] == "checkpoint", name
+        elif name in sources:
+            assert sources[name] == "init", name
+    assert sources["score.weight"] == "init"
+    assert sources["model.layers.0.self_attn.q_proj.lora_A"] == "init"
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+def test_a_shard_reads_its_box_and_initializes_the_rest_as_the_full_counter_model(saved, world):
+    root, weights = saved
+    torch.manual_seed(0)
+    full = torchdefer.deferred_init(classifier)
+    torchdefer.materialize_module(full, rng="counter")
+    full_tensors = tensors(full)
+    for rank in range(world):
+        torch.manual_seed(0)
+        model = torchdefer.deferred_init(classifier)
+        stats = torchdefer.materialize_module(
+            model, shard=torchdefer.Shard(rank, world), checkpoint=root / "multi", strict=False
+        )
+        by_name = {s["name"]: s for s in stats}
+        for name, t in tensors(model).items():
+            info = torchdefer.shard_info(t)
+            source = weights[name] if name in weights else full_tensors[name]
+            if info is not None:
+                start, stop = info["box"]
+                source = source[tuple(slice(a, b) for a, b in zip(start, stop))]
+            assert bitwise_equal(t, source), (name, rank)
+            assert by_name[name]["source"] == ("checkpoint" if name in weights else "init")
+
+
+def test_a_dcp_checkpoint_loads_whole_and_as_a_box(saved, tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    _, weights = saved
+    dcp.save(body(weights), checkpoint_id=str(tmp_path / "dcp"))
+    expected = tensors(eager_loaded(weights))
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(classifier)
+    stats = torchdefer.materialize_module(model, checkpoint=tmp_path / "dcp")
+    for name, t in tensors(model).items():
+        assert bitwise_equal(t, expected[name]), name
+    assert sum(s["source"] == "checkpoint" for s in stats) == len(body(weights))
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(classifier)
+    torchdefer.materialize_module(model, shard=torchdefer.Shard(1, 3), checkpoint=tmp_path / "dcp")
+    for name in body(weights):
+        t = tensors(model)[name]
+        info = torchdefer.shard_info(t)
+        box = tuple(slice(a, b) for a, b in zip(*info["box"])) if info else ()
+        assert bitwise_equal(t, weights[name][box]), name
+
+
+def test_a_mapping_is_cast_to_the_recorded_dtype_and_placed(saved):
+    _, weights = saved
+    doubled = {k: v.double() for k, v in body(weights).items()}
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(classifier)
+    torchdefer.materialize_module(model, checkpoint=doubled, device="cpu")
+    for name, value in body(weights).items():
+        t = tensors(model)[name]
+        assert t.dtype == torch.float32 and bitwise_equal(t, value), name
+
+
+def test_a_safetensors_file_of_another_dtype_is_cast(tmp_path):
+    source = torch.randn(10, 6, dtype=torch.float64)
+    save_file({"weight": source, "bias": torch.randn(10).to(torch.bfloat16)},
+              tmp_path / "m.safetensors")
+    model = torchdefer.deferred_init(torch.nn.Linear, 6, 10)
+    torchdefer.materialize_module(model, checkpoint=tmp_path / "m.safetensors",
+                                  shard=torchdefer.Shard(1, 3, dim=1))
+    assert bitwise_equal(model.weight, source[:, 2:4].float())
+
+
+def still_fake(model):
+    return all(torchdefer.is_fake(t) for t in tensors(model).values())
+
+
+def test_unexpected_keys_are_an_error_naming_them_when_strict(saved):
+    root, _ = saved
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(classifier)
+    with pytest.raises(RuntimeError, match=r"lm_head\.weight.*\n.*strict=False"):
+        torchdefer.materialize_module(model, checkpoint=root / "single")
+    assert still_fake(model)
+
+
+def test_a_shape_mismatch_is_an_error_naming_the_key_and_loads_nothing(saved):
+    _, weights = saved
+    bad = body(weights)
+    bad["model.norm.weight"] = torch.ones(65)
+    bad["model.layers.1.mlp.up_proj.weight"] = torch.ones(3, 3)
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(classifier)
+    with pytest.raises(RuntimeError, match=r"2 tensor\(s\).*\n.*up_proj.*\[3, 3\].*\n.*norm\.weight"):
+        torchdefer.materialize_module(model, checkpoint=bad, shard=torchdefer.Shard(0, 2))
+    assert still_fake(model)
+
+
+def test_a_dtype_that_cannot_be_cast_is_an_error_naming_the_key(saved):
+    _, weights = saved
+    bad = body(weights)
+    bad["model.embed_tokens.weight"] = bad["model.embed_tokens.weight"].to(torch.complex64)
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(classifier)
+    with pytest.raises(RuntimeError, match=r"embed_tokens\.weight.*ComplexFloat cannot be cast"):
+        torchdefer.materialize_module(model, checkpoint=bad)
+    assert still_fake(model)
+
+
+class CountingDict(dict):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.reads = []
+
+    def __getitem__(self, key):
+        self.reads.append(key)
+        return super().__getitem__(key)
+
+
+def test_tied_weights_are_read_once_and_stay_tied():
+    gpt2 = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64, n_positions=16)
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(transformers.AutoModelForCausalLM.from_config, gpt2)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    wte = torch.randn(64, 32)
+    checkpoint = CountingDict({"transformer.wte.weight": wte, "lm_head.weight": wte.clone()})
+    stats = torchdefer.materialize_module(model, checkpoint=checkpoint)
+    assert checkpoint.reads.count("transformer.wte.weight") + checkpoint.reads.count("lm_head.weight") == 1
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert bitwise_equal(model.lm_head.weight, wte)
+    assert [s["source"] for s in stats if s["global_shape"] == [64, 32]] == ["checkpoint"]
+
+
+class ViewHolder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 4))
+        self.register_buffer("row", self.weight.detach()[0])
+
+
+def test_a_tensor_sharing_storage_with_another_is_refused():
+    model = torchdefer.deferred_init(ViewHolder)
+    with pytest.raises(RuntimeError, match="weight shares its storage with row"):
+        torchdefer.materialize_module(model, checkpoint={"weight": torch.ones(4, 4)})
+    assert torchdefer.is_fake(model.weight) and torchdefer.is_fake(model.row)
+
+
+def test_check_fn_and_children_first_read_each_tensor_once(saved):
+    root, weights = saved
+    expected = tensors(eager_loaded(weights))
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(classifier)
+    layer = model.model.layers[1]
+    stats = torchdefer.materialize_module(layer, checkpoint=root / "multi", strict=False,
+                                          checkpoint_prefix="model.layers.1.")
+    assert {s["source"] for s in stats} == {"checkpoint", "init"}
+    stats = torchdefer.materialize_module(model, checkpoint=root / "multi", strict=False,
+                                          check_fn=lambda m: m is not model.model.layers[0])
+    assert not any(s["name"].startswith("model.layers.1.") for s in stats)
+    assert torchdefer.is_deferred(model)
+    torchdefer.materialize_module(model.model.layers[0], checkpoint=root / "multi", strict=False,
+                                  checkpoint_prefix="model.layers.0.")
+    for name, t in tensors(model).items():
+        assert bitwise_equal(t, expected[name]), name
+
+
+def test_bad_checkpoint_arguments_are_refused(tmp_path):
+    model = torchdefer.deferred_init(torch.nn.Linear, 2, 2)
+    with pytest.raises(TypeError, match="checkpoint must be a path"):
+        torchdefer.materialize_module(model, checkpoint=3)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        torchdefer.materialize_module(model, checkpoint=tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RuntimeError, match="holds neither model.safetensors.index.json"):
+        torchdefer.materialize_module(model, checkpoint=tmp_path / "empty")
+    (tmp_path / "short.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(RuntimeError, match="header length 16 exceeds the file"):
+        torchdefer.materialize_module(model, checkpoint=tmp_path / "short.safetensors")
+    index = {"weight_map": {"weight": "absent.safetensors"}}
+    (tmp_path / "idx").mkdir()
+    (tmp_path / "idx" / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(RuntimeError, match="cannot open the checkpoint file .*absent"):
+        torchdefer.materialize_module(model, checkpoint=tmp_path / "idx")
+    assert torchdefer.is_fake(model.weight)
+
+
+def test_the_checkpoint_benchmark_loads_the_same_bytes_every_way(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))
+    from bench.harness import checkpoint as bench
+
+    bench.prepare(tmp_path, hidden=64, layers=1)
+    results = {s: bench.measure(s, tmp_path, 64, 1) for s in bench.STRATEGIES}
+    whole = results["hf-from-pretrained"]["bytes_kept"]
+    assert whole == sum(p.stat().st_size for p in bench.safetensors_files(tmp_path)) - sum(
+        8 + int.from_bytes(open(p, "rb").read(8), "little") for p in bench.safetensors_files(tmp_path)
+    )
+    for strategy, result in results.items():
+        if strategy.endswith("r0of8"):
+            assert result["bytes_kept"] < whole / 4, strategy
+        else:
+            assert result["bytes_kept"] == whole, strategy
+        if strategy.startswith("td-"):
+            # The rotary embedding's inv_freq and original_inv_freq: no checkpoint holds them.
+            assert result["initialized"] == 2 and result["from_checkpoint"] == 12, strategy
+
+
+# --- DTensor layouts ----------------------------------------------------------------------------
+
+
+def fully_sharded_checkpoint_worker(rank, world, path):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from test_distributed import Tower, record
+
+    saved = torch.load(path)
+    model = record(Tower, 3)
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    stats = torchdefer.materialize_module(model, checkpoint=saved)
+    reference = record(Tower, 3)
+    torchdefer.materialize_module(reference, rng="counter")
+    sources = {s["name"]: s["source"] for s in stats}
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        whole = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        expected = saved[name] if name in saved else dict(reference.state_dict())[name]
+        assert torch.equal(whole, expected), name
+        assert sources[name] == ("checkpoint" if name in saved else "init"), name
+
+
+def test_a_fully_sharded_model_reads_its_local_shards_and_initializes_the_rest(tmp_path):
+    from test_distributed import run_ranks
+
+    torch.manual_seed(11)
+    saved = {
+        "embed.weight": torch.randn(41, 15),  # uneven: 41 rows over 2 ranks
+        "blocks.1.up.weight": torch.randn(30, 15),
+        "blocks.2.norm.bias": torch.randn(15),
+    }
+    torch.save(saved, tmp_path / "saved.pt")
+    run_ranks(tmp_path, 2, fully_sharded_checkpoint_worker, str(tmp_path / "saved.pt"))
