@@ -9,6 +9,7 @@ read them before the write keep what they read. Every case against eager constru
 import pytest
 import torch
 import torchdefer
+from test_torchdefer import eager_and_deferred
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -29,12 +30,7 @@ def assert_same_state(eager: torch.nn.Module, deferred: torch.nn.Module) -> None
 
 
 def eager_and_materialized(make, seed=0, **materialize_options):
-    torch.manual_seed(seed)
-    eager = make()
-    eager_next = torch.rand(4)
-    torch.manual_seed(seed)
-    deferred = torchdefer.deferred_init(make)
-    assert bitwise_equal(torch.rand(4), eager_next), "recording left the generator elsewhere"
+    eager, deferred = eager_and_deferred(make, seed)
     torchdefer.materialize_module(deferred, **materialize_options)
     return eager, deferred
 

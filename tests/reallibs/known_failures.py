@@ -11,15 +11,6 @@ KNOWN: Dict[Tuple[str, str], Tuple[str, str]] = {
     #   def build(): lin = nn.Linear(4, 4); nn.init.kaiming_uniform_(lin.weight,
     #                    generator=torch.Generator().manual_seed(0)); return lin
     #   materialize_module(deferred_init(build))  -> RuntimeError
-    # from_config(cfg, dtype=torch.bfloat16) sets the default dtype while building: recorded as
-    # bf16 fakes, replayed as float32 (the ambient default dtype is not recorded).
-    #   deferred_init(AutoModelForCausalLM.from_config, LlamaConfig(...), dtype=torch.bfloat16)
-    ("peft/lora-bf16-base", "torch mode"): (
-        "class 1: ambient default dtype not recorded",
-        "AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)"),
-    ("peft/lora-bf16-base", "shards"): (
-        "class 1: ambient default dtype not recorded",
-        "AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)"),
     ("peft/vera", "torch mode"): (
         "NEW 15: explicit torch.Generator refused late in torch mode",
         "nn.init.kaiming_uniform_(w, generator=torch.Generator().manual_seed(0))"),
