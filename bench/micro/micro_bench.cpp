@@ -10,12 +10,12 @@
 //   BM_TorchFill/<op>/<dtype>/at_threads:<n>     PyTorch's own op on the same kind of buffer, in
 //       the same run: uniform_ and normal_ (its CPU generator), fill_ (the memory-bandwidth bound).
 //   BM_Record/<mode>/<model>                     constructing <model> (linear-4096: one
-//       torch::nn::Linear(4096, 4096); llama-125m, llama3-8b: bench/models/llama.h) with
-//       mode deferred_init (recorded) or fake_mode (under a torchdefer::FakeMode: fakes, nothing
-//       recorded — the C++ frontend has no meta-device context, and this is its equivalent: no
-//       storage, no initialization). Counters: ops and params (per model),
-//       s_per_op and s_per_param (time divided by them; the same op count for both modes, so the
-//       two modes compare per op). Destroying the model is not timed.
+//       torch::nn::Linear(4096, 4096); llama-125m, llama3-8b, llama3-70b: bench/models/llama.h)
+//       with mode deferred_init (recorded) or fake_mode (under a torchdefer::FakeMode: fakes,
+//       nothing recorded — the C++ frontend has no meta-device context, and this is its equivalent:
+//       no storage, no initialization). Counters: ops and params (per model), s_per_op and
+//       s_per_param (time divided by them; the same op count for both modes, so the two modes
+//       compare per op). Destroying the model is not timed.
 //   BM_Mt19937Jump/draws:<n>                     torchdefer::mt19937_discard of a seeded MT19937
 //       engine by n words (the jump the recorder makes at the end of a deferred_init that drew n
 //       words): 10^4 runs the recurrence, longer ones jump by polynomial (Note [MT19937
@@ -173,8 +173,13 @@ const std::vector<ModelSpec>& record_models() {
          return torchdefer::models::Llama(torchdefer::models::LlamaConfig::named("llama-125m"))
              .ptr();
        }},
-      {"llama3-8b", [] {
+      {"llama3-8b",
+       [] {
          return torchdefer::models::Llama(torchdefer::models::LlamaConfig::named("llama3-8b"))
+             .ptr();
+       }},
+      {"llama3-70b", [] {
+         return torchdefer::models::Llama(torchdefer::models::LlamaConfig::named("llama3-70b"))
              .ptr();
        }}};
   return models;
