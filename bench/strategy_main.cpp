@@ -35,13 +35,21 @@ struct Options {
   uint64_t seed = 0;
 };
 
+// Note [Record phase on its own]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Recording is meant to cost what building the model on the meta device costs, so every run
+// reports its construction phase (for deferred_init: the recording) next to a construction of
+// the same model on the meta device (here under a FakeMode, the C++ frontend's equivalent), in
+// the same process just before it: both see the same load, which on a shared machine moves
+// absolute times more than ratios. Each phase gets its own peak resident growth: the process's
+// VmHWM is reset to the current resident size when the phase starts (/proc/self/clear_refs), so
+// an earlier, larger peak cannot hide it. bench/harness/strategy.py does the same for Python.
+
 // What one run measured; the harness reads these fields by name.
 struct Measurement {
   double construct_s = 0;
   double materialize_s = 0;
-  // Note [Record phase on its own]: the construction phase (for deferred_init, the recording)
-  // next to constructing the same model under a FakeMode (the C++ frontend's meta device), each
-  // with its own peak resident growth; -1 where the kernel cannot reset the peak.
+  // Note [Record phase on its own]; -1 where the kernel does not let the peak be reset.
   int64_t construct_rss_bytes = -1;
   double meta_construct_s = 0;
   int64_t meta_rss_bytes = -1;
