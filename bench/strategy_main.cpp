@@ -35,10 +35,24 @@ struct Options {
   uint64_t seed = 0;
 };
 
+// Note [Record phase on its own]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Recording is meant to cost what building the model on the meta device costs, so every run
+// reports its construction phase (for deferred_init: the recording) next to a construction of
+// the same model on the meta device (here under a FakeMode, the C++ frontend's equivalent), in
+// the same process just before it: both see the same load, which on a shared machine moves
+// absolute times more than ratios. Each phase gets its own peak resident growth: the process's
+// VmHWM is reset to the current resident size when the phase starts (/proc/self/clear_refs), so
+// an earlier, larger peak cannot hide it. bench/harness/strategy.py does the same for Python.
+
 // What one run measured; the harness reads these fields by name.
 struct Measurement {
   double construct_s = 0;
   double materialize_s = 0;
+  // Note [Record phase on its own]; -1 where the kernel does not let the peak be reset.
+  int64_t construct_rss_bytes = -1;
+  double meta_construct_s = 0;
+  int64_t meta_rss_bytes = -1;
   int64_t bytes_kept = 0;
   int64_t bytes_computed = 0;
   int64_t tensors_sliced = 0;
@@ -119,6 +133,24 @@ int64_t proc_status_bytes(const std::string& field) {
   throw std::runtime_error("/proc/self/status has no " + field);
 }
 
+// The peak resident growth of one phase: VmHWM is reset to the current resident size when the
+// phase starts (writing 5 to /proc/self/clear_refs), so VmHWM after it is the phase's own peak.
+class PhasePeak {
+ public:
+  PhasePeak() {
+    std::ofstream clear_refs("/proc/self/clear_refs");
+    clear_refs << "5";
+    clear_refs.flush();
+    reset_ = static_cast<bool>(clear_refs);
+    start_rss_ = proc_status_bytes("VmRSS");
+  }
+  int64_t growth() const { return reset_ ? proc_status_bytes("VmHWM") - start_rss_ : -1; }
+
+ private:
+  bool reset_ = false;
+  int64_t start_rss_ = 0;
+};
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -138,9 +170,11 @@ int64_t tensor_bytes(const torch::nn::Module& module) {
 // (what a rank without deferred init does before handing the model to FSDP).
 Measurement run_eager(const LlamaConfig& config, const Options& options) {
   Measurement m;
+  const PhasePeak peak;
   auto start = std::chrono::steady_clock::now();
   Llama model(config);
   m.construct_s = seconds_since(start);
+  m.construct_rss_bytes = peak.growth();
   m.bytes_computed = tensor_bytes(*model);
   if (options.world > 1) {
     start = std::chrono::steady_clock::now();
@@ -167,9 +201,11 @@ Measurement run_eager(const LlamaConfig& config, const Options& options) {
 
 Measurement run_deferred(const LlamaConfig& config, const Options& options) {
   Measurement m;
+  const PhasePeak peak;
   auto start = std::chrono::steady_clock::now();
   auto model = torchdefer::deferred_init([&] { return Llama(config); });
   m.construct_s = seconds_since(start);
+  m.construct_rss_bytes = peak.growth();
   torchdefer::MaterializeOptions materialize;
   if (options.strategy == "deferred-shard") {
     materialize.shard(torchdefer::Shard{options.rank, options.world});
@@ -198,6 +234,22 @@ Measurement run_deferred(const LlamaConfig& config, const Options& options) {
   return m;
 }
 
+// Constructs `config` under a FakeMode (fakes, nothing recorded): the reference the record phase
+// is compared with (Note [Record phase on its own]).
+void measure_meta(const LlamaConfig& config, Measurement& m) {
+  const PhasePeak peak;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    torchdefer::FakeMode fake;
+    Llama model(config);
+    m.meta_construct_s = seconds_since(start);
+    m.meta_rss_bytes = peak.growth();
+  }
+}
+
+// A JSON number, or null for a measurement the kernel did not allow (-1).
+std::string json_bytes(int64_t bytes) { return bytes < 0 ? "null" : std::to_string(bytes); }
+
 std::string json_string(const std::string& text) {
   std::string quoted = "\"";
   for (const char c : text) {
@@ -221,7 +273,8 @@ void print_json(const Options& options, const LlamaConfig& config, const Measure
       "\"wall_s\": %.6f, \"baseline_rss_bytes\": %lld, \"peak_rss_bytes\": %lld, "
       "\"bytes_kept\": %lld, \"bytes_computed\": %lld, \"tensors_sliced\": %lld, "
       "\"tensors_fallback\": %lld, \"tensors_whole\": %lld, \"elements_sliced\": %lld, "
-      "\"elements_fallback\": %lld, \"fallback_ops\": {%s}, \"peak_cuda_bytes\": null}\n",
+      "\"elements_fallback\": %lld, \"fallback_ops\": {%s}, \"peak_cuda_bytes\": null, "
+      "\"construct_rss_bytes\": %s, \"meta_construct_s\": %.6f, \"meta_rss_bytes\": %s}\n",
       options.strategy.c_str(), json_string(config.name).c_str(),
       static_cast<long long>(options.rank), static_cast<long long>(options.world),
       static_cast<long long>(config.parameter_count()), at::get_num_threads(), m.construct_s,
@@ -230,7 +283,8 @@ void print_json(const Options& options, const LlamaConfig& config, const Measure
       static_cast<long long>(m.bytes_computed), static_cast<long long>(m.tensors_sliced),
       static_cast<long long>(m.tensors_fallback), static_cast<long long>(m.tensors_whole),
       static_cast<long long>(m.elements_sliced), static_cast<long long>(m.elements_fallback),
-      fallbacks.str().c_str());
+      fallbacks.str().c_str(), json_bytes(m.construct_rss_bytes).c_str(), m.meta_construct_s,
+      json_bytes(m.meta_rss_bytes).c_str());
 }
 
 }  // namespace
@@ -239,15 +293,23 @@ int main(int argc, char** argv) {
   const Options options = parse(argc, argv);
   try {
     const LlamaConfig config = LlamaConfig::named(options.model);
+    int64_t baseline_rss = 0;
     auto measure = [&](const LlamaConfig& c) {
+      Measurement meta;
+      measure_meta(c, meta);
       torch::manual_seed(options.seed);
-      return options.strategy == "eager" ? run_eager(c, options) : run_deferred(c, options);
+      baseline_rss = proc_status_bytes("VmRSS");
+      Measurement m =
+          options.strategy == "eager" ? run_eager(c, options) : run_deferred(c, options);
+      m.meta_construct_s = meta.meta_construct_s;
+      m.meta_rss_bytes = meta.meta_rss_bytes;
+      return m;
     };
     // As bench/harness/strategy.py's Note [Warm-up run]: one-off first-use costs (the first
     // MT19937 jump finds the generator's characteristic polynomial) go to a tiny model first.
     measure(LlamaConfig::named("tiny"));
-    const int64_t baseline_rss = proc_status_bytes("VmRSS");
-    print_json(options, config, measure(config), baseline_rss);
+    const Measurement m = measure(config);
+    print_json(options, config, m, baseline_rss);
   } catch (const std::exception& e) {
     std::cerr << "torchdefer_bench_strategy: " << e.what() << "\n";
     return 1;

@@ -161,6 +161,25 @@ def table(rows: List[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def record_table(rows: List[Dict[str, Any]]) -> str:
+    """The construction phase on its own (for the deferred strategies, the recording) next to
+    constructing the same model on the meta device (C++: under a FakeMode) in the same process."""
+    lines = ["| model | strategy | construction | its peak RSS growth | meta construction | its peak RSS growth "
+             "| time vs meta | growth over meta |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        if row["status"] != "measured" or "construct_rss_bytes" not in row["summary"]:
+            continue
+        reps, summary = len(row["runs"]), row["summary"]
+        construct, meta = summary["construct_s"], summary["meta_construct_s"]
+        grown, meta_grown = summary["construct_rss_bytes"], summary["meta_rss_bytes"]
+        over = human_bytes(grown["median"] - meta_grown["median"]) if grown and meta_grown else "—"
+        lines.append(" | ".join([
+            f"| {row['model']}", row_label(row), with_range(construct, seconds, reps), with_range(grown, human_bytes, reps),
+            with_range(meta, seconds, reps), with_range(meta_grown, human_bytes, reps),
+            f"{construct['median'] / meta['median']:.2f}×" if meta and meta["median"] > 0 else "—", over]) + " |")
+    return "\n".join(lines)
+
+
 def estimate_table(rows: List[Dict[str, Any]]) -> str:
     """The memory estimate next to what was measured: how far to trust the 'needs N GB' cells."""
     lines = ["| model | strategy | estimated peak | measured peak (median) | measured / estimated |",
@@ -315,8 +334,9 @@ def markdown(results: Dict[str, Any], plot_name: str) -> str:
         "",
         "Wall time is the construction phase plus what makes the weights real (materialize, `to_empty` + "
         "re-init, slicing, or the broadcast), after a warm-up on the tiny shape in the same process "
-        "(one-off first-use costs excluded). Peak RSS is the process's `VmHWM`, start-up and libraries "
-        "included. Values are the median, with min–max over the repetitions in parentheses. Ratios "
+        "(one-off first-use costs excluded). Peak RSS is the process's `VmHWM` from the start of the "
+        "measured run (reset then through `/proc/self/clear_refs`), libraries included. Values are "
+        "the median, with min–max over the repetitions in parentheses. Ratios "
         "compare medians with the eager strategy of the same model and runner (C++, torch.nn, "
         "transformers), measured in this same run. *kept*: bytes of real parameters and buffers at the "
         "end; *computed*: bytes allocated to produce them. *sliced / fell back*: tensors computed as "
@@ -333,6 +353,17 @@ def markdown(results: Dict[str, Any], plot_name: str) -> str:
         table(rows),
         "",
         f"![peak memory vs model size]({plot_name})",
+        "",
+        "## The construction phase on its own",
+        "",
+        "The construction phase of each run above (for the deferred strategies: recording, "
+        "`deferred_init`) next to constructing the same model on the meta device (C++: under a "
+        "`torchdefer::FakeMode`, the C++ frontend's equivalent) in the same process just before it, so "
+        "both see the same load. *Peak RSS growth* is the phase's `VmHWM` above the resident size at its "
+        "start (the peak is reset through `/proc/self/clear_refs` when the phase starts); "
+        "*growth over meta* is the difference of the medians.",
+        "",
+        record_table(rows),
         "",
         "## The memory estimate against measurements",
         "",

@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 # torchtitan-style init uses torch.nn.init.trunc_normal_, whose rejection sampling (PyTorch 2.13)
 # makes them about ten times slower than the same shape with transformers' normal_ init.
 DEFAULT_RUN = "cpp-*,hf-*=llama-125m"
-SUMMARIZED = ["wall_s", "construct_s", "materialize_s", "peak_rss_bytes", "baseline_rss_bytes", "peak_cuda_bytes"]
+SUMMARIZED = ["wall_s", "construct_s", "materialize_s", "peak_rss_bytes", "baseline_rss_bytes", "peak_cuda_bytes",
+              "construct_rss_bytes", "meta_construct_s", "meta_rss_bytes"]
 
 
 class RunFailed(RuntimeError):

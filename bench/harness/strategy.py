@@ -39,16 +39,50 @@ def module_bytes(module: torch.nn.Module) -> int:
     return sum(t.nbytes for t in module.parameters()) + sum(t.nbytes for t in module.buffers())
 
 
+class PhasePeak:
+    """The peak resident growth of one phase (Note [Record phase on its own] in
+    bench/strategy_main.cpp): VmHWM is reset to the current resident size when the phase starts
+    (writing 5 to /proc/self/clear_refs), so VmHWM after it is the phase's own peak."""
+
+    def __init__(self) -> None:
+        try:
+            with open("/proc/self/clear_refs", "w") as clear_refs:
+                clear_refs.write("5")
+            self.reset = True
+        except OSError:
+            self.reset = False
+        self.start_rss = proc_status_bytes("VmRSS")
+
+    def growth(self) -> Optional[int]:
+        return proc_status_bytes("VmHWM") - self.start_rss if self.reset else None
+
+
+def measure_meta(build: Callable[[], torch.nn.Module]) -> Dict[str, Any]:
+    """Constructs the model on the meta device: the reference the record phase is compared with."""
+    peak = PhasePeak()
+    start = time.perf_counter()
+    with torch.device("meta"):
+        module = build()
+    seconds = time.perf_counter() - start
+    growth = peak.growth()
+    del module
+    return dict(meta_construct_s=seconds, meta_rss_bytes=growth)
+
+
 class Phases:
     """Wall time of the construction phase and of what turns the result into real weights."""
 
     def __init__(self) -> None:
         self.seconds: Dict[str, float] = {"construct_s": 0.0, "materialize_s": 0.0}
+        self.construct_rss_bytes: Optional[int] = None
 
-    def time(self, phase: str, fn: Callable[[], Any]) -> Any:
+    def time(self, phase: str, fn: Callable[[], Any], peak: Optional[PhasePeak] = None) -> Any:
+        """Times `fn` as (part of) `phase`; with `peak`, the construction phase's resident growth."""
         start = time.perf_counter()
         result = fn()
         self.seconds[phase] += time.perf_counter() - start
+        if peak is not None:
+            self.construct_rss_bytes = peak.growth()
         return result
 
 
@@ -115,6 +149,7 @@ def broadcast_from_rank0(module: torch.nn.Module) -> None:
 def run(strategy: str, config: models.LlamaConfig, rank: int, world: int, device: torch.device) -> Dict[str, Any]:
     """Builds `config` with `strategy` and measures it (Note [Warm-up run])."""
     build = builder(strategy, config)
+    meta = measure_meta(build)
     phases = Phases()
     deferred = strategy.endswith(("deferred-full", "deferred-shard"))
     if deferred:
@@ -124,11 +159,12 @@ def run(strategy: str, config: models.LlamaConfig, rank: int, world: int, device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     baseline_rss = proc_status_bytes("VmRSS")
+    construct_peak = PhasePeak()
     counts: Dict[str, Any] = {}
 
     if strategy in ("py-eager", "hf-from-config") or (strategy == "py-broadcast" and rank == 0):
         with torch.device(device):
-            module = phases.time("construct_s", build)
+            module = phases.time("construct_s", build, construct_peak)
         counts["bytes_computed"] = module_bytes(module)
         if strategy == "py-broadcast":
             phases.time("materialize_s", lambda: broadcast_from_rank0(module))
@@ -136,14 +172,14 @@ def run(strategy: str, config: models.LlamaConfig, rank: int, world: int, device
             counts.update(phases.time("materialize_s", lambda: slice_rank(module, rank, world)))
     elif strategy in ("py-meta-reset", "hf-init-empty", "py-broadcast"):
         with accelerate.init_empty_weights() if strategy == "hf-init-empty" else torch.device("meta"):
-            module = phases.time("construct_s", build)
+            module = phases.time("construct_s", build, construct_peak)
         phases.time("materialize_s", lambda: module.to_empty(device=device))
         if strategy == "py-broadcast":
             phases.time("materialize_s", lambda: broadcast_from_rank0(module))
         else:
             phases.time("materialize_s", lambda: reinitialize(strategy, module))
     elif deferred:
-        module = phases.time("construct_s", lambda: torchdefer.deferred_init(build))
+        module = phases.time("construct_s", lambda: torchdefer.deferred_init(build), construct_peak)
         shard = torchdefer.Shard(rank, world) if strategy.endswith("shard") else None
         stats = phases.time("materialize_s", lambda: torchdefer.materialize_module(module, device=device, shard=shard))
         counts = stats_counts(stats)
@@ -158,6 +194,7 @@ def run(strategy: str, config: models.LlamaConfig, rank: int, world: int, device
         bytes_kept=kept, bytes_computed=kept, tensors_sliced=0, tensors_fallback=0, tensors_whole=0,
         elements_sliced=0, elements_fallback=0, fallback_ops={},
         peak_cuda_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        construct_rss_bytes=phases.construct_rss_bytes, **meta,
     )
     result.update(counts)
     return result

@@ -10,12 +10,16 @@
 //   BM_TorchFill/<op>/<dtype>/at_threads:<n>     PyTorch's own op on the same kind of buffer, in
 //       the same run: uniform_ and normal_ (its CPU generator), fill_ (the memory-bandwidth bound).
 //   BM_Record/<mode>/<model>                     constructing <model> (linear-4096: one
-//       torch::nn::Linear(4096, 4096); llama-125m, llama3-8b: bench/models/llama.h) with
-//       mode deferred_init (recorded) or fake_mode (under a torchdefer::FakeMode: fakes, nothing
-//       recorded — the C++ frontend has no meta-device context, and this is its equivalent: no
-//       storage, no initialization). Counters: ops and params (per model),
-//       s_per_op and s_per_param (time divided by them; the same op count for both modes, so the
-//       two modes compare per op). Destroying the model is not timed.
+//       torch::nn::Linear(4096, 4096); llama-125m, llama3-8b, llama3-70b: bench/models/llama.h)
+//       with mode deferred_init (recorded) or fake_mode (under a torchdefer::FakeMode: fakes,
+//       nothing recorded — the C++ frontend has no meta-device context, and this is its equivalent:
+//       no storage, no initialization). Counters: ops and params (per model), s_per_op and
+//       s_per_param (time divided by them; the same op count for both modes, so the two modes
+//       compare per op). Destroying the model is not timed.
+//   BM_Mt19937Jump/draws:<n>                     torchdefer::mt19937_discard of a seeded MT19937
+//       engine by n words (the jump the recorder makes at the end of a deferred_init that drew n
+//       words): 10^4 runs the recurrence, longer ones jump by polynomial (Note [MT19937
+//       jump-ahead]). The process-wide tables are built before timing.
 //   BM_ShardReplay/world:<W>/at_threads:<n>      materialize_module of one recorded
 //       torch::nn::Linear(8192, 8192) (256 MiB of float32, kaiming_uniform_) as the shard of rank
 //       0 of W (Shard{0, W}, counter RNG), W = 1, 2, 4, ..., 64; bytes_per_second is the shard's
@@ -26,6 +30,7 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 #include <torchdefer/counter_rng.h>
+#include <torchdefer/mt19937_jump.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/torchdefer.h>
 
@@ -168,8 +173,13 @@ const std::vector<ModelSpec>& record_models() {
          return torchdefer::models::Llama(torchdefer::models::LlamaConfig::named("llama-125m"))
              .ptr();
        }},
-      {"llama3-8b", [] {
+      {"llama3-8b",
+       [] {
          return torchdefer::models::Llama(torchdefer::models::LlamaConfig::named("llama3-8b"))
+             .ptr();
+       }},
+      {"llama3-70b", [] {
+         return torchdefer::models::Llama(torchdefer::models::LlamaConfig::named("llama3-70b"))
              .ptr();
        }}};
   return models;
@@ -222,6 +232,25 @@ void register_record() {
   }
 }
 
+void register_mt19937_jump() {
+  for (const uint64_t draws : {uint64_t{10'000}, uint64_t{16'777'216}, uint64_t{8'030'000'000},
+                               uint64_t{70'600'000'000}}) {
+    const std::string name = "BM_Mt19937Jump/draws:" + std::to_string(draws);
+    benchmark::RegisterBenchmark(name.c_str(),
+                                 [draws](benchmark::State& state) {
+                                   at::mt19937 warm(1);
+                                   torchdefer::mt19937_discard(warm, draws);
+                                   at::mt19937 engine(42);
+                                   for (auto _ : state) {
+                                     torchdefer::mt19937_discard(engine, draws);
+                                     benchmark::DoNotOptimize(engine.data());
+                                   }
+                                 })
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+  }
+}
+
 void register_shard_replay() {
   for (int64_t world = 1; world <= 64; world *= 2) {
     for (const int threads : thread_counts()) {
@@ -261,6 +290,7 @@ int main(int argc, char** argv) {
   register_fresh_fill();
   register_torch_fill();
   register_record();
+  register_mt19937_jump();
   register_shard_replay();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) {

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <vector>
@@ -129,10 +130,19 @@ Poly minimal_polynomial(const std::vector<uint8_t>& s) {
   return reversed;
 }
 
-// φ and its 64 bit-shifts, for reduction.
-struct Characteristic {
-  std::array<Poly, 64> shifted;  // shifted[s] = φ << s, kPolyWords + 1 words
-
+// Note [Reduction modulo φ by byte tables]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A jump squares a polynomial of degree < 19937 once per bit of its length and reduces the square
+// modulo φ; the reduction is nearly all of a jump's time. Reducing bit by bit XORs one shifted φ
+// per set bit above the degree (~10,000 of them). Instead, the bits above the degree are taken 64
+// at a time, from the top: a 64-bit group at bit 19937 + 64m stands for
+// sum_k c_k(x) · x^(19937 + 8k) · x^(64m) with bytes c_k, and c_k(x) · x^(19937 + 8k) mod φ is a
+// precomputed row (8 byte lanes × 256 values, 5 MB, built once per process from φ). The row has
+// degree < 19937, so XORed in at word m it lands below the group: the groups under it pick up its
+// bits before they are read, and one aligned pass over 312 words per group replaces 64 single-bit
+// steps.
+class Characteristic {
+ public:
   Characteristic() {
     // The low bits of consecutive untempered words, from an arbitrary nonzero state.
     at::mt19937 engine(5489);
@@ -142,18 +152,62 @@ struct Characteristic {
       ring.step();
       b = ring.front() & 1u;  // any fixed bit position obeys the same recurrence
     }
-    const Poly phi = minimal_polynomial(sequence);
-    for (unsigned s = 0; s < 64; ++s) {
-      Poly p(kPolyWords + 1, 0);
-      for (size_t w = 0; w < kPolyWords; ++w) {
-        p[w] |= phi[w] << s;
-        if (s != 0) {
-          p[w + 1] |= phi[w] >> (64 - s);
+    Poly low = minimal_polynomial(sequence);
+    flip(low, kDegree);  // x^19937 ≡ φ - x^19937 (mod φ)
+    low.resize(kPolyWords);
+    build_rows(std::move(low));
+  }
+
+  // Row c_k(x) · x^(19937 + 8k) mod φ, kPolyWords words.
+  const uint64_t* row(int lane, uint64_t byte) const {
+    return rows_.data() + (static_cast<size_t>(lane) * 256 + byte) * kPolyWords;
+  }
+
+ private:
+  void build_rows(Poly power) {
+    rows_.assign(size_t{8} * 256 * kPolyWords, 0);
+    for (int lane = 0; lane < 8; ++lane) {
+      for (int b = 0; b < 8; ++b) {
+        // power = x^(19937 + 8·lane + b) mod φ; its row is the single bit b of the byte.
+        uint64_t* single = mutable_row(lane, uint64_t{1} << b);
+        std::copy(power.begin(), power.end(), single);
+        times_x(power);
+      }
+      for (uint64_t byte = 3; byte < 256; ++byte) {
+        const uint64_t lowest = byte & (~byte + 1);
+        if (lowest == byte) {
+          continue;
+        }
+        const uint64_t* rest = row(lane, byte ^ lowest);
+        const uint64_t* bit_row = row(lane, lowest);
+        uint64_t* out = mutable_row(lane, byte);
+        for (size_t w = 0; w < kPolyWords; ++w) {
+          out[w] = rest[w] ^ bit_row[w];
         }
       }
-      shifted[s] = std::move(p);
     }
   }
+
+  uint64_t* mutable_row(int lane, uint64_t byte) {
+    return rows_.data() + (static_cast<size_t>(lane) * 256 + byte) * kPolyWords;
+  }
+
+  // p · x mod φ for p of degree < 19937, while only the x^19937 row exists (lane 0, byte 1).
+  void times_x(Poly& p) const {
+    const bool overflow = bit(p, kDegree - 1);
+    for (size_t w = kPolyWords; w-- > 0;) {
+      p[w] = (p[w] << 1) | (w > 0 ? p[w - 1] >> 63 : 0);
+    }
+    if (overflow) {
+      flip(p, kDegree);
+      const uint64_t* x_degree = row(0, 1);
+      for (size_t w = 0; w < kPolyWords; ++w) {
+        p[w] ^= x_degree[w];
+      }
+    }
+  }
+
+  std::vector<uint64_t> rows_;
 };
 
 const Characteristic& characteristic() {
@@ -161,21 +215,39 @@ const Characteristic& characteristic() {
   return phi;
 }
 
-// p mod φ, for p of degree < 2·19937.
+constexpr uint64_t kTopWordMask = (uint64_t{1} << (kDegree % 64)) - 1;
+
+// The 64 bits of `p` from bit `first` on (zeros past its end).
+uint64_t bits_from(const Poly& p, size_t first) {
+  const size_t word = first / 64;
+  const unsigned shift = first % 64;
+  const uint64_t low = word < p.size() ? p[word] : 0;
+  const uint64_t high = word + 1 < p.size() ? p[word + 1] : 0;
+  return shift == 0 ? low : (low >> shift) | (high << (64 - shift));
+}
+
+// p mod φ, for p of degree < 2·19937 (Note [Reduction modulo φ by byte tables]).
 void reduce(Poly& p) {
   const Characteristic& phi = characteristic();
-  for (size_t i = p.size() * 64; i-- > kDegree;) {
-    if (!bit(p, i)) {
+  const size_t bits = p.size() * 64;
+  for (size_t m = bits > kDegree ? (bits - kDegree + 63) / 64 : 0; m-- > 0;) {
+    const uint64_t group = bits_from(p, kDegree + 64 * m);
+    if (group == 0) {
       continue;
     }
-    const size_t shift = i - kDegree;
-    const Poly& q = phi.shifted[shift % 64];
-    const size_t offset = shift / 64;
-    for (size_t w = 0; w < q.size() && w + offset < p.size(); ++w) {
-      p[w + offset] ^= q[w];
+    const uint64_t* r[8];
+    for (int lane = 0; lane < 8; ++lane) {
+      r[lane] = phi.row(lane, (group >> (8 * lane)) & 0xff);
+    }
+    // A nonzero group lies inside p, so the row's nonzero bits (below it) do too.
+    const size_t words = std::min(kPolyWords, p.size() - m);
+    uint64_t* out = p.data() + m;
+    for (size_t w = 0; w < words; ++w) {
+      out[w] ^= r[0][w] ^ r[1][w] ^ r[2][w] ^ r[3][w] ^ r[4][w] ^ r[5][w] ^ r[6][w] ^ r[7][w];
     }
   }
   p.resize(kPolyWords);
+  p[kPolyWords - 1] &= kTopWordMask;
 }
 
 uint64_t spread(uint32_t x) {
@@ -228,11 +300,33 @@ Window advance_window(const Window& window, uint64_t steps) {
   ring.step();
   const Window start = ring.window();
   const Poly g = x_power_mod(steps - 1);
+  // Horner's rule a byte of g at a time (a sliding window): acc ← F^8·acc + (byte)(F)·start, with
+  // the 256 combinations of F^0..F^7 applied to start tabled first. 8 steps and one add per byte
+  // instead of one add per set bit.
+  std::vector<Window> table(256);
+  std::array<Window, 8> powers;
+  Ring walker(start);
+  for (auto& power : powers) {
+    power = walker.window();
+    walker.step();
+  }
+  table[0].fill(0);
+  for (size_t byte = 1; byte < 256; ++byte) {
+    const size_t lowest = byte & (~byte + 1);
+    const Window& rest = table[byte ^ lowest];
+    const Window& power = powers[__builtin_ctzll(lowest)];
+    for (int i = 0; i < kN; ++i) {
+      table[byte][i] = rest[i] ^ power[i];
+    }
+  }
   Ring acc;
-  for (size_t j = kDegree; j-- > 0;) {
-    acc.step();
-    if (bit(g, j)) {
-      acc.add(start);
+  for (size_t chunk = (kDegree + 7) / 8; chunk-- > 0;) {
+    for (int i = 0; i < 8; ++i) {
+      acc.step();
+    }
+    const uint64_t byte = (g[chunk / 8] >> (8 * (chunk % 8))) & 0xff;
+    if (byte != 0) {
+      acc.add(table[byte]);
     }
   }
   return acc.window();

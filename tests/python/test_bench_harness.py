@@ -30,6 +30,9 @@ def test_python_strategy_measures_the_tiny_model(name):
     assert result["strategy"] == name and result["parameters"] == models.parameter_count(TINY)
     assert result["peak_rss_bytes"] >= result["baseline_rss_bytes"] > 0
     assert result["wall_s"] == pytest.approx(result["construct_s"] + result["materialize_s"])
+    # The construction phase on its own, next to meta construction in the same process.
+    assert result["construct_rss_bytes"] >= 0 and result["meta_rss_bytes"] >= 0
+    assert result["construct_s"] > 0 and result["meta_construct_s"] > 0
     full = models.parameter_count(TINY) * 4
     sharded = name.endswith(("-eager", "-from-config", "-shard"))
     if sharded:
@@ -110,11 +113,15 @@ def test_driver_end_to_end(tmp_path):
         assert row["runs"][0]["parameters"] == models.parameter_count(TINY), key  # C++ and Python agree
         peak = row["summary"]["peak_rss_bytes"]
         assert peak["min"] <= peak["median"] <= peak["max"]
+        for phase in ("construct_s", "construct_rss_bytes", "meta_construct_s", "meta_rss_bytes"):
+            assert row["summary"][phase]["median"] >= 0, (key, phase)  # both runners report it
     shard = rows[("tiny", "cpp-deferred-shard", "")]["runs"][0]
     assert shard["tensors_sliced"] == len(models.parameter_shapes(TINY)) and shard["tensors_fallback"] == 0
     assert results["command"].startswith("python3 -m bench.harness.run --build-dir")
     page = (tmp_path / "results.md").read_text()
     assert f"| llama3-405b | 405.85 B | cpp-eager | not run | needs {needs['estimate_total_bytes'] / 1e9:.1f} GB |" in page
+    assert "## The construction phase on its own" in page
+    assert "| tiny | cpp-deferred-full | " in page.split("## The construction phase on its own")[1]
     assert "BM_Fixture/items_median" in page and "![peak memory vs model size](peak_memory.png)" in page
     assert (tmp_path / "peak_memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| tiny | 107 K | cpp-deferred-shard |" in done.stdout  # the table is printed too
