@@ -6,6 +6,7 @@
 
 #define TORCHDEFER_COUNTER_ISA avx2
 #include "counter_math.h"
+#include "counter_rng_erfinv.h"
 
 #include <immintrin.h>
 
@@ -17,6 +18,9 @@ namespace torchdefer::counter_math {
 template <>
 struct Lanes<__m256d> {
   using Mask = __m256d;  // all ones where true
+  static constexpr int kWidth = 4;
+  static __m256d load(const double* x) { return _mm256_loadu_pd(x); }
+  static void store(double* x, __m256d v) { _mm256_storeu_pd(x, v); }
   static __m256d broadcast(double x) { return _mm256_set1_pd(x); }
   static Mask less(__m256d x, __m256d y) { return _mm256_cmp_pd(x, y, _CMP_LT_OQ); }
   static Mask less_equal(__m256d x, __m256d y) { return _mm256_cmp_pd(x, y, _CMP_LE_OQ); }
@@ -39,6 +43,10 @@ struct Lanes<__m256d> {
     *m = _mm256_castsi256_pd(
         _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi64x(0x000fffffffffffffll)),
                         _mm256_set1_epi64x(0x3ff0000000000000ll)));
+  }
+  static __m256d pow2(__m256d k) {
+    const __m128i biased = _mm_add_epi32(_mm256_cvtpd_epi32(k), _mm_set1_epi32(1023));
+    return _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_cvtepi32_epi64(biased), 52));
   }
   static __m256d sqrt(__m256d x) { return _mm256_sqrt_pd(x); }
 };
@@ -172,6 +180,10 @@ __m256 normal8(__m256i words, double mean, double std) {
 }
 
 }  // namespace
+
+void erfinv_avx2(const double* u, double* out, int64_t count) {
+  counter_math::erfinv_lanes<__m256d, kErfinvChunk>(u, out, count);
+}
 
 int64_t fill_avx2(const Job& job) {
   if (job.dtype != Dtype::kFloat || (job.op != Op::kUniform && job.op != Op::kNormal)) {
