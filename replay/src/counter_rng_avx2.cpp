@@ -52,6 +52,137 @@ struct Lanes<__m256d> {
 };
 
 namespace avx2 {
+
+// N registers of four float64 lanes, stepped together (as avx512::Doubles): erfinv's Halley
+// steps are one long chain of dependent divisions, multiplies and adds per register, and
+// interleaving two keeps the floating-point units busy. A double converts to all lanes.
+template <int N>
+struct Doubles {
+  __m256d v[N];
+
+  Doubles() = default;
+  Doubles(double x) {  // NOLINT(google-explicit-constructor): the math's constants
+    for (__m256d& r : v) {
+      r = _mm256_set1_pd(x);
+    }
+  }
+
+  friend Doubles operator+(const Doubles& x, const Doubles& y) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = x.v[i] + y.v[i];
+    }
+    return r;
+  }
+  friend Doubles operator-(const Doubles& x, const Doubles& y) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = x.v[i] - y.v[i];
+    }
+    return r;
+  }
+  friend Doubles operator*(const Doubles& x, const Doubles& y) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = x.v[i] * y.v[i];
+    }
+    return r;
+  }
+  friend Doubles operator/(const Doubles& x, const Doubles& y) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = x.v[i] / y.v[i];
+    }
+    return r;
+  }
+  friend Doubles operator-(const Doubles& x) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = -x.v[i];
+    }
+    return r;
+  }
+};
+
+template <int N>
+struct Masks {
+  __m256d m[N];
+};
+
+}  // namespace avx2
+
+// N registers: each primitive is Lanes<__m256d>'s, register by register.
+template <int N>
+struct Lanes<avx2::Doubles<N>> {
+  using D = avx2::Doubles<N>;
+  using Mask = avx2::Masks<N>;
+  using One = Lanes<__m256d>;
+  static constexpr int kWidth = 4 * N;
+  static D load(const double* x) {
+    D r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = One::load(x + 4 * i);
+    }
+    return r;
+  }
+  static void store(double* x, const D& v) {
+    for (int i = 0; i < N; ++i) {
+      One::store(x + 4 * i, v.v[i]);
+    }
+  }
+  static D broadcast(double x) { return D(x); }
+  template <typename F>
+  static Mask compare(const D& x, const D& y, F f) {
+    Mask r;
+    for (int i = 0; i < N; ++i) {
+      r.m[i] = f(x.v[i], y.v[i]);
+    }
+    return r;
+  }
+  static Mask less(const D& x, const D& y) { return compare(x, y, One::less); }
+  static Mask less_equal(const D& x, const D& y) { return compare(x, y, One::less_equal); }
+  static Mask greater(const D& x, const D& y) { return compare(x, y, One::greater); }
+  static Mask equal(const D& x, const D& y) { return compare(x, y, One::equal); }
+  static Mask both(const Mask& x, const Mask& y) {
+    Mask r;
+    for (int i = 0; i < N; ++i) {
+      r.m[i] = One::both(x.m[i], y.m[i]);
+    }
+    return r;
+  }
+  static Mask either(const Mask& x, const Mask& y) {
+    Mask r;
+    for (int i = 0; i < N; ++i) {
+      r.m[i] = One::either(x.m[i], y.m[i]);
+    }
+    return r;
+  }
+  static D select(const Mask& m, const D& x, const D& y) {
+    D r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = One::select(m.m[i], x.v[i], y.v[i]);
+    }
+    return r;
+  }
+  template <typename F>
+  static D map(const D& x, F f) {
+    D r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = f(x.v[i]);
+    }
+    return r;
+  }
+  static D trunc(const D& x) { return map(x, One::trunc); }
+  static D pow2(const D& k) { return map(k, One::pow2); }
+  static D sqrt(const D& x) { return map(x, One::sqrt); }
+  static void split_exponent(const D& x, D* m, D* k) {
+    for (int i = 0; i < N; ++i) {
+      One::split_exponent(x.v[i], &m->v[i], &k->v[i]);
+    }
+  }
+};
+
+namespace avx2 {
 // One word of each of 8 blocks, in each of four independent sets (one set's rounds are a
 // latency-bound chain of multiplies).
 struct Words {
@@ -182,7 +313,7 @@ __m256 normal8(__m256i words, double mean, double std) {
 }  // namespace
 
 void erfinv_avx2(const double* u, double* out, int64_t count) {
-  counter_math::erfinv_lanes<__m256d, kErfinvChunk>(u, out, count);
+  counter_math::erfinv_lanes<counter_math::avx2::Doubles<2>, kErfinvChunk>(u, out, count);
 }
 
 int64_t fill_avx2(const Job& job) {
