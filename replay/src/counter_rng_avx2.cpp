@@ -313,7 +313,8 @@ __m256 normal8(__m256i words, double mean, double std) {
 }  // namespace
 
 void erfinv_avx2(const double* u, double* out, int64_t count) {
-  counter_math::erfinv_lanes<counter_math::avx2::Doubles<2>, kErfinvChunk>(u, out, count);
+  using counter_math::avx2::Doubles;
+  counter_math::erfinv_lanes<Doubles<2>, Doubles<4>, kErfinvChunk>(u, out, count);
 }
 
 int64_t fill_avx2(const Job& job) {

@@ -504,7 +504,7 @@ int64_t fill(const Job& job) {
 }  // namespace
 
 void erfinv_avx512(const double* u, double* out, int64_t count) {
-  counter_math::erfinv_lanes<Pair, kErfinvChunk>(u, out, count);
+  counter_math::erfinv_lanes<Pair, counter_math::avx512::Doubles<4>, kErfinvChunk>(u, out, count);
 }
 
 int64_t fill_avx512(const Job& job) {

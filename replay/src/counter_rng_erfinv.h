@@ -12,12 +12,16 @@ inline namespace TORCHDEFER_COUNTER_ISA {
 // out[i] = erfinv(u[i]) for i < count ≤ kMaxCount, bit for bit. Every element first takes the
 // central region's lanes; those of the tail, about a tenth of a trunc_normal_ with wide bounds,
 // are gathered into lanes of their own, since computing both regions in every lane would cost
-// each element the tail's 600 divisions. ±1 and NaN take the scalar function.
-template <typename V, int64_t kMaxCount>
+// each element the tail's 600 divisions. ±1 and NaN take the scalar function. The tail's lane
+// type T is wider than the central one's, V: its continued fraction is a chain of divisions
+// whose latency only more independent registers hide.
+template <typename V, typename T, int64_t kMaxCount>
 void erfinv_lanes(const double* u, double* out, int64_t count) {
   using L = Lanes<V>;
   constexpr int kWidth = L::kWidth;
+  constexpr int kTailWidth = Lanes<T>::kWidth;
   double lanes[kWidth];
+  double tail_lanes[kTailWidth];
   int64_t tail[kMaxCount];
   int64_t tails = 0;
   for (int64_t i = 0; i < count; i += kWidth) {
@@ -39,16 +43,16 @@ void erfinv_lanes(const double* u, double* out, int64_t count) {
       }
     }
   }
-  for (int64_t k = 0; k < tails; k += kWidth) {
-    const int64_t width = tails - k < kWidth ? tails - k : kWidth;
-    for (int64_t l = 0; l < kWidth; ++l) {
+  for (int64_t k = 0; k < tails; k += kTailWidth) {
+    const int64_t width = tails - k < kTailWidth ? tails - k : kTailWidth;
+    for (int64_t l = 0; l < kTailWidth; ++l) {
       const double v = l < width ? u[tail[k + l]] : 0.95;
-      lanes[l] = v < 0 ? -v : v;
+      tail_lanes[l] = v < 0 ? -v : v;
     }
-    L::store(lanes, erfinv_tail<V>(L::load(lanes)));
+    Lanes<T>::store(tail_lanes, erfinv_tail<T>(Lanes<T>::load(tail_lanes)));
     for (int64_t l = 0; l < width; ++l) {
       const int64_t j = tail[k + l];
-      out[j] = u[j] < 0 ? -lanes[l] : lanes[l];
+      out[j] = u[j] < 0 ? -tail_lanes[l] : tail_lanes[l];
     }
   }
 }

@@ -35,7 +35,7 @@ bool avx512_available();
 bool avx2_available();
 
 // The most elements one erfinv_* call takes.
-constexpr int64_t kErfinvChunk = 256;
+constexpr int64_t kErfinvChunk = 1024;
 
 // out[i] = counter_math::erfinv(u[i]) for i < count ≤ kErfinvChunk, bit for bit (Note
 // [Vectorized truncated normal]). Only where avx512_available(), avx2_available() respectively.
