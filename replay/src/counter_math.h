@@ -34,7 +34,7 @@ namespace torchdefer::counter_math {
 // scalar CPU path and the CUDA kernel (one element per call), and thin wrappers over AVX2 and
 // AVX-512 registers in the vector kernels (counter_rng_avx2.cpp, counter_rng_avx512.cpp), which
 // supply the same few primitives through a Lanes<V> specialization: broadcast, compare, select,
-// trunc, split_exponent and sqrt for double lanes; add, xor and the 32x32→64 multiply for
+// trunc, split_exponent, pow2 and sqrt for double lanes; add, xor and the 32x32→64 multiply for
 // Philox's word lanes. A lane computes the IEEE operations of the scalar definition in the same
 // order, so every path has the same bits by construction, and counter_rng_test.cpp checks each
 // path element by element (TORCHDEFER_CPU_CAPABILITY runs each on one machine). The vector

@@ -98,6 +98,8 @@ math::ElementParams element_params(const CounterDistributionParams& p, uint64_t 
 //    in-lane 4x4 transpose leaves the words in element order.
 //  * AVX2 (counter_rng_avx2.cpp, likewise): float32 uniform and normal, the same scheme with four
 //    sets of eight blocks, for CPUs without AVX-512.
+//  * Truncated normal, every dtype, with either instruction set: erfinv on vector lanes, the rest
+//    scalar (Note [Vectorized truncated normal]).
 //  * Otherwise the scalar path. The choice is made at run time from cpuid, so the library runs on
 //    any x86-64 CPU. TORCHDEFER_CPU_CAPABILITY=scalar|avx2|avx512 caps it (as ATEN_CPU_CAPABILITY
 //    does ATen's kernels), so that tests and benchmarks run every path on one machine.
