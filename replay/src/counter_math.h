@@ -337,25 +337,27 @@ TORCHDEFER_HOST_DEVICE inline V exp_minus_square(V x) {
 
 // erf x for 0 ≤ x < 1.5: (2/√π)·x·e^(−x²)·Σ (2x²)^n / (2n + 1)!!, a series of positive terms
 // (no cancellation), 27 terms (the tail is below 2^-56 of the sum at x = 1.5).
+// `e` is exp_minus_square(x), which erfinv's Halley step needs too.
 template <typename V>
-TORCHDEFER_HOST_DEVICE inline V erf_series(V x) {
+TORCHDEFER_HOST_DEVICE inline V erf_series(V x, V e) {
   const V t = 2.0 * x * x;
   V sum = Lanes<V>::broadcast(1.0);
   for (int n = 27; n >= 1; --n) {
     sum = 1.0 + t / static_cast<double>(2 * n + 1) * sum;
   }
-  return kTwoOverSqrtPi * x * exp_minus_square<V>(x) * sum;
+  return kTwoOverSqrtPi * x * e * sum;
 }
 
 // erfc x for x ≥ 1: e^(−x²)/√π · 1/(x + (1/2)/(x + 1/(x + (3/2)/(x + ...)))), Laplace's
 // continued fraction evaluated from 150 levels deep (converged to 2^-53 from x = 1.1 up).
+// `e` is exp_minus_square(x), as for erf_series.
 template <typename V>
-TORCHDEFER_HOST_DEVICE inline V erfc_fraction(V x) {
+TORCHDEFER_HOST_DEVICE inline V erfc_fraction(V x, V e) {
   V k = x;
   for (int n = 150; n >= 1; --n) {
     k = x + (0.5 * n) / k;
   }
-  return exp_minus_square<V>(x) / (kSqrtPi * k);
+  return e / (kSqrtPi * k);
 }
 
 // The error function, from the series below 1.5 and 1 − erfc above (erf rounds to 1 from 6).
@@ -363,9 +365,9 @@ TORCHDEFER_HOST_DEVICE inline double erf(double x) {
   const double a = x < 0 ? -x : x;
   double r;
   if (a < 1.5) {
-    r = erf_series<double>(a);
+    r = erf_series<double>(a, exp_minus_square<double>(a));
   } else if (a < 6.0) {
-    r = 1.0 - erfc_fraction<double>(a);
+    r = 1.0 - erfc_fraction<double>(a, exp_minus_square<double>(a));
   } else {
     r = a == a ? 1.0 : a;  // NaN stays NaN
   }
@@ -378,10 +380,10 @@ TORCHDEFER_HOST_DEVICE inline double erf(double x) {
 // Its two regions are functions of their own, which the vector kernels apply to the lanes of
 // each (Note [Vectorized truncated normal]).
 
-// Halley's step on erf(x) − a, given f = erf(x) − a.
+// Halley's step on erf(x) − a, given f = erf(x) − a and e = exp_minus_square(x).
 template <typename V>
-TORCHDEFER_HOST_DEVICE inline V halley_step(V x, V f) {
-  const V r = f / (kTwoOverSqrtPi * exp_minus_square<V>(x));
+TORCHDEFER_HOST_DEVICE inline V halley_step(V x, V f, V e) {
+  const V r = f / (kTwoOverSqrtPi * e);
   return x - r / (1.0 + x * r);
 }
 
@@ -392,7 +394,8 @@ TORCHDEFER_HOST_DEVICE inline V erfinv_central(V a) {
   const V a2 = a * a;
   V x = (kSqrtPi / 2.0) * a * (1.0 + a2 * (0.2617993877991494 + a2 * 0.1439317317852011));
   for (int step = 0; step < 4; ++step) {
-    x = halley_step<V>(x, erf_series<V>(x) - a);
+    const V e = exp_minus_square<V>(x);
+    x = halley_step<V>(x, erf_series<V>(x, e) - a, e);
   }
   return x;
 }
@@ -405,7 +408,8 @@ TORCHDEFER_HOST_DEVICE inline V erfinv_tail(V a) {
   const V l = -log<V>(v);
   V x = Lanes<V>::sqrt(l - log<V>(Lanes<V>::sqrt(l) * kSqrtPi));
   for (int step = 0; step < 4; ++step) {
-    x = halley_step<V>(x, v - erfc_fraction<V>(x));
+    const V e = exp_minus_square<V>(x);
+    x = halley_step<V>(x, v - erfc_fraction<V>(x, e), e);
   }
   return x;
 }
