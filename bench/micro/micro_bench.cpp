@@ -7,7 +7,7 @@
 //       is the output written.
 //   BM_CounterFillSmall/<op>/<dtype>/at_threads:<n>  counter_fill of 4M pre-faulted elements,
 //       op: trunc_normal (trunc_normal_(mean 0, std 0.02, a −0.04, b 0.04): its erfinv makes
-//       an element ~20x a normal one, too slow for 64 MiB) and normal beside it; dtype: f32,
+//       an element ~15x a normal one, too slow for 64 MiB) and normal beside it; dtype: f32,
 //       bf16.
 //   BM_CounterFillFresh/uniform/f32/at_threads:<n>  the same into a newly allocated 64 MiB
 //       tensor each iteration: the difference to BM_CounterFill is the page faults.
