@@ -167,9 +167,9 @@ std::optional<counter_simd::Op> simd_op(CounterDistribution distribution) {
 
 // Note [Vectorized truncated normal]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A truncated normal element costs about a hundred normal ones: its erfinv is four Halley steps,
-// each a series of 27 divisions (or, in the tail |u| > 0.9, a continued fraction of 150), one
-// long chain of dependent operations. So the elements' uniforms and their clamping and rounding
+// On the scalar path a truncated normal element costs about eighty normal ones: its erfinv is four
+// Halley steps, each a series of 27 divisions (or, in the tail |u| > 0.9, a continued fraction of
+// 150), one long chain of dependent operations. So the elements' uniforms, clamping and rounding
 // stay on the scalar path, for every dtype, and erfinv runs on vector lanes, a chunk of elements
 // at a time (counter_rng_erfinv.h): the central region's template (counter_math.h) in every lane,
 // then the tail's in lanes filled with the chunk's tail elements only. Each lane computes the
