@@ -5,6 +5,10 @@
 //       op: uniform, normal, bernoulli, random, exponential; dtype: f32, f64, f16, bf16;
 //       at_threads: ATen intra-op threads (at::set_num_threads; 1 and all cores). bytes_per_second
 //       is the output written.
+//   BM_CounterFillSmall/<op>/<dtype>/at_threads:<n>  counter_fill of 4M pre-faulted elements,
+//       op: trunc_normal (trunc_normal_(mean 0, std 0.02, a −0.04, b 0.04): its erfinv makes
+//       an element ~15x a normal one, too slow for 64 MiB) and normal beside it; dtype: f32,
+//       bf16.
 //   BM_CounterFillFresh/uniform/f32/at_threads:<n>  the same into a newly allocated 64 MiB
 //       tensor each iteration: the difference to BM_CounterFill is the page faults.
 //   BM_TorchFill/<op>/<dtype>/at_threads:<n>     PyTorch's own op on the same kind of buffer, in
@@ -110,6 +114,40 @@ void register_counter_fill() {
                 torchdefer::counter_fill(buffer, params, /*seed=*/42, /*stream=*/7);
               });
             })
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+    }
+  }
+}
+
+// trunc_normal_ is too slow for the 64 MiB buffer of BM_CounterFill, so it and normal_ for
+// comparison fill 4M elements.
+void register_small_counter_fill() {
+  constexpr int64_t kSmallNumel = int64_t{4} << 20;
+  CounterDistributionParams truncated{CounterDistribution::kTruncatedNormal, 0.0, 0.02};
+  truncated.low = -0.04;
+  truncated.high = 0.04;
+  const std::vector<std::pair<const char*, CounterDistributionParams>> ops = {
+      {"trunc_normal", truncated}, {"normal", {CounterDistribution::kNormal, 0.0, 0.02}}};
+  const std::vector<DtypeName> dtypes = {{at::kFloat, "f32"}, {at::kBFloat16, "bf16"}};
+  for (const auto& [op, params] : ops) {
+    for (const DtypeName& dtype : dtypes) {
+      for (const int threads : thread_counts()) {
+        const std::string name = std::string("BM_CounterFillSmall/") + op + "/" + dtype.name +
+                                 "/at_threads:" + std::to_string(threads);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [params = params, dtype, threads](benchmark::State& state) {
+                                       at::set_num_threads(threads);
+                                       at::Tensor buffer = torch::zeros({kSmallNumel}, dtype.dtype);
+                                       for (auto _ : state) {
+                                         torchdefer::counter_fill(buffer, params, 42, 7);
+                                         benchmark::DoNotOptimize(buffer.data_ptr());
+                                         benchmark::ClobberMemory();
+                                       }
+                                       state.SetItemsProcessed(state.iterations() * kSmallNumel);
+                                       state.counters["at_threads"] = threads;
+                                     })
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
       }
@@ -287,6 +325,7 @@ void register_shard_replay() {
 
 int main(int argc, char** argv) {
   register_counter_fill();
+  register_small_counter_fill();
   register_fresh_fill();
   register_torch_fill();
   register_record();

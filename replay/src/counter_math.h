@@ -34,7 +34,7 @@ namespace torchdefer::counter_math {
 // scalar CPU path and the CUDA kernel (one element per call), and thin wrappers over AVX2 and
 // AVX-512 registers in the vector kernels (counter_rng_avx2.cpp, counter_rng_avx512.cpp), which
 // supply the same few primitives through a Lanes<V> specialization: broadcast, compare, select,
-// trunc, split_exponent and sqrt for double lanes; add, xor and the 32x32→64 multiply for
+// trunc, split_exponent, pow2 and sqrt for double lanes; add, xor and the 32x32→64 multiply for
 // Philox's word lanes. A lane computes the IEEE operations of the scalar definition in the same
 // order, so every path has the same bits by construction, and counter_rng_test.cpp checks each
 // path element by element (TORCHDEFER_CPU_CAPABILITY runs each on one machine). The vector
@@ -176,6 +176,10 @@ struct Lanes<double> {
     *k = static_cast<double>(static_cast<int64_t>((bits >> 52) & 0x7ff) - 1023);
     *m = bits_double((bits & 0x000fffffffffffffull) | 0x3ff0000000000000ull);
   }
+  // 2^k for an integer k in [−1022, 1023], exactly.
+  TORCHDEFER_HOST_DEVICE static double pow2(double k) {
+    return bits_double(static_cast<uint64_t>(static_cast<int64_t>(k) + 1023) << 52);
+  }
   // Correctly rounded (IEEE) on every host and on CUDA.
   TORCHDEFER_HOST_DEVICE static double sqrt(double x) { return ::sqrt(x); }
 };
@@ -287,7 +291,25 @@ TORCHDEFER_HOST_DEVICE inline void box_muller(V u1, V u2, V* cos_value, V* sin_v
   *sin_value = r * s;
 }
 
-// e^x: x = k·ln 2 + r, |r| ≤ ½ ln 2, e^x = 2^k · e^r, e^r by its Taylor series to r^17.
+// e^x for −745.13 ≤ x ≤ 709.78: x = k·ln 2 + r, |r| ≤ ½ ln 2, e^x = 2^k · e^r, e^r by its
+// Taylor series to r^17.
+template <typename V>
+TORCHDEFER_HOST_DEVICE inline V exp_in_range(V x) {
+  using L = Lanes<V>;
+  const V kd = L::trunc(x * kInvLn2 + L::select(L::less(x, L::broadcast(0.0)), L::broadcast(-0.5),
+                                                L::broadcast(0.5)));
+  const V r = (x - kd * kLn2Hi) - kd * kLn2Lo;
+  V p = L::broadcast(inverse_factorial(17));
+  for (int n = 16; n >= 0; --n) {
+    p = inverse_factorial(n) + r * p;
+  }
+  // 2^k in two steps so that k down to −1074 stays representable; k/2 rounds toward zero.
+  const V k1 = L::trunc(kd * 0.5);
+  const V k2 = kd - k1;
+  return p * L::pow2(k1) * L::pow2(k2);
+}
+
+// e^x.
 TORCHDEFER_HOST_DEVICE inline double exp(double x) {
   if (x > 709.78) {
     return bits_double(0x7ff0000000000000ull);
@@ -295,53 +317,47 @@ TORCHDEFER_HOST_DEVICE inline double exp(double x) {
   if (x < -745.13) {
     return 0.0;
   }
-  const double kd = static_cast<double>(static_cast<int64_t>(x * kInvLn2 + (x < 0 ? -0.5 : 0.5)));
-  const double r = (x - kd * kLn2Hi) - kd * kLn2Lo;
-  double p = inverse_factorial(17);
-  for (int n = 16; n >= 0; --n) {
-    p = inverse_factorial(n) + r * p;
-  }
-  // 2^k in two steps so that k down to −1074 stays representable.
-  const int64_t k = static_cast<int64_t>(kd);
-  const int64_t k1 = k / 2;
-  const int64_t k2 = k - k1;
-  return p * bits_double(static_cast<uint64_t>(k1 + 1023) << 52) *
-         bits_double(static_cast<uint64_t>(k2 + 1023) << 52);
+  return exp_in_range<double>(x);
 }
 
 // ---------------------------------------------------------------------------------------------
 // erf and erfinv (Note [Counter-mode truncated normal]).
 
 // e^(−x²), with x² split exactly into hi + lo (Veltkamp/Dekker) so that its rounding does not
-// reach the result: e^(−x²) = e^(−hi)·e^(−lo) ≈ e^(−hi)·(1 − lo).
-TORCHDEFER_HOST_DEVICE inline double exp_minus_square(double x) {
-  const double hi = x * x;
-  const double split = 134217729.0 * x;  // 2^27 + 1
-  const double x_hi = split - (split - x);
-  const double x_lo = x - x_hi;
-  const double lo = ((x_hi * x_hi - hi) + 2.0 * x_hi * x_lo) + x_lo * x_lo;
-  return exp(-hi) * (1.0 - lo);
+// reach the result: e^(−x²) = e^(−hi)·e^(−lo) ≈ e^(−hi)·(1 − lo). For |x| < 6 (erf's range).
+template <typename V>
+TORCHDEFER_HOST_DEVICE inline V exp_minus_square(V x) {
+  const V hi = x * x;
+  const V split = 134217729.0 * x;  // 2^27 + 1
+  const V x_hi = split - (split - x);
+  const V x_lo = x - x_hi;
+  const V lo = ((x_hi * x_hi - hi) + 2.0 * x_hi * x_lo) + x_lo * x_lo;
+  return exp_in_range<V>(-hi) * (1.0 - lo);
 }
 
 // erf x for 0 ≤ x < 1.5: (2/√π)·x·e^(−x²)·Σ (2x²)^n / (2n + 1)!!, a series of positive terms
 // (no cancellation), 27 terms (the tail is below 2^-56 of the sum at x = 1.5).
-TORCHDEFER_HOST_DEVICE inline double erf_series(double x) {
-  const double t = 2.0 * x * x;
-  double sum = 1.0;
+// `e` is exp_minus_square(x), which erfinv's Halley step needs too.
+template <typename V>
+TORCHDEFER_HOST_DEVICE inline V erf_series(V x, V e) {
+  const V t = 2.0 * x * x;
+  V sum = Lanes<V>::broadcast(1.0);
   for (int n = 27; n >= 1; --n) {
-    sum = 1.0 + t / (2 * n + 1) * sum;
+    sum = 1.0 + t / static_cast<double>(2 * n + 1) * sum;
   }
-  return kTwoOverSqrtPi * x * exp_minus_square(x) * sum;
+  return kTwoOverSqrtPi * x * e * sum;
 }
 
 // erfc x for x ≥ 1: e^(−x²)/√π · 1/(x + (1/2)/(x + 1/(x + (3/2)/(x + ...)))), Laplace's
 // continued fraction evaluated from 150 levels deep (converged to 2^-53 from x = 1.1 up).
-TORCHDEFER_HOST_DEVICE inline double erfc_fraction(double x) {
-  double k = x;
+// `e` is exp_minus_square(x), as for erf_series.
+template <typename V>
+TORCHDEFER_HOST_DEVICE inline V erfc_fraction(V x, V e) {
+  V k = x;
   for (int n = 150; n >= 1; --n) {
     k = x + (0.5 * n) / k;
   }
-  return exp_minus_square(x) / (kSqrtPi * k);
+  return e / (kSqrtPi * k);
 }
 
 // The error function, from the series below 1.5 and 1 − erfc above (erf rounds to 1 from 6).
@@ -349,9 +365,9 @@ TORCHDEFER_HOST_DEVICE inline double erf(double x) {
   const double a = x < 0 ? -x : x;
   double r;
   if (a < 1.5) {
-    r = erf_series(a);
+    r = erf_series<double>(a, exp_minus_square<double>(a));
   } else if (a < 6.0) {
-    r = 1.0 - erfc_fraction(a);
+    r = 1.0 - erfc_fraction<double>(a, exp_minus_square<double>(a));
   } else {
     r = a == a ? 1.0 : a;  // NaN stays NaN
   }
@@ -361,6 +377,43 @@ TORCHDEFER_HOST_DEVICE inline double erf(double x) {
 // The inverse error function on [−1, 1]: ±∞ at ±1. Four Halley steps on erf(x) − |u| from an
 // initial guess, written as 1 − |u| − erfc(x) from |u| > 0.9, where 1 − |u| is exact and erfc
 // keeps its relative precision (from x ≈ 1.16, where the continued fraction has converged).
+// Its two regions are functions of their own, which the vector kernels apply to the lanes of
+// each (Note [Vectorized truncated normal]).
+
+// Halley's step on erf(x) − a, given f = erf(x) − a and e = exp_minus_square(x).
+template <typename V>
+TORCHDEFER_HOST_DEVICE inline V halley_step(V x, V f, V e) {
+  const V r = f / (kTwoOverSqrtPi * e);
+  return x - r / (1.0 + x * r);
+}
+
+// erfinv a for 0 ≤ a ≤ 0.9.
+template <typename V>
+TORCHDEFER_HOST_DEVICE inline V erfinv_central(V a) {
+  // The first terms of erfinv's series.
+  const V a2 = a * a;
+  V x = (kSqrtPi / 2.0) * a * (1.0 + a2 * (0.2617993877991494 + a2 * 0.1439317317852011));
+  for (int step = 0; step < 4; ++step) {
+    const V e = exp_minus_square<V>(x);
+    x = halley_step<V>(x, erf_series<V>(x, e) - a, e);
+  }
+  return x;
+}
+
+// erfinv a for 0.9 < a < 1.
+template <typename V>
+TORCHDEFER_HOST_DEVICE inline V erfinv_tail(V a) {
+  const V v = 1.0 - a;
+  // erfc x ≈ e^(−x²)/(x√π): x² ≈ −ln v − ln(x√π), with x ≈ sqrt(−ln v) inside.
+  const V l = -log<V>(v);
+  V x = Lanes<V>::sqrt(l - log<V>(Lanes<V>::sqrt(l) * kSqrtPi));
+  for (int step = 0; step < 4; ++step) {
+    const V e = exp_minus_square<V>(x);
+    x = halley_step<V>(x, v - erfc_fraction<V>(x, e), e);
+  }
+  return x;
+}
+
 TORCHDEFER_HOST_DEVICE inline double erfinv(double u) {
   const double a = u < 0 ? -u : u;
   if (!(a < 1.0)) {
@@ -368,23 +421,7 @@ TORCHDEFER_HOST_DEVICE inline double erfinv(double u) {
                ? (u < 0 ? -bits_double(0x7ff0000000000000ull) : bits_double(0x7ff0000000000000ull))
                : bits_double(0x7ff8000000000000ull);
   }
-  const bool tail = a > 0.9;
-  const double v = 1.0 - a;
-  double x;
-  if (tail) {
-    // erfc x ≈ e^(−x²)/(x√π): x² ≈ −ln v − ln(x√π), with x ≈ sqrt(−ln v) inside.
-    const double l = -log(v);
-    x = ::sqrt(l - log(::sqrt(l) * kSqrtPi));
-  } else {
-    // The first terms of erfinv's series.
-    const double a2 = a * a;
-    x = (kSqrtPi / 2.0) * a * (1.0 + a2 * (0.2617993877991494 + a2 * 0.1439317317852011));
-  }
-  for (int step = 0; step < 4; ++step) {
-    const double f = tail ? v - erfc_fraction(x) : erf_series(x) - a;
-    const double r = f / (kTwoOverSqrtPi * exp_minus_square(x));
-    x = x - r / (1.0 + x * r);
-  }
+  const double x = a > 0.9 ? erfinv_tail<double>(a) : erfinv_central<double>(a);
   return u < 0 ? -x : x;
 }
 
@@ -644,6 +681,19 @@ TORCHDEFER_HOST_DEVICE inline ElementParams for_dtype(ElementParams p) {
   return p;
 }
 
+// The truncated normal in two halves, around erfinv (which the vector kernels compute for many
+// elements at once): the uniform u of element e, and the value from erfinv(u).
+TORCHDEFER_HOST_DEVICE inline double truncated_normal_uniform(const ElementParams& p, Draws& draws,
+                                                              uint64_t e) {
+  return p.u_low + (p.u_high - p.u_low) * draws.unit(e, p.wide);
+}
+
+template <typename T>
+TORCHDEFER_HOST_DEVICE inline T truncated_normal_value(const ElementParams& p, double erfinv_u) {
+  const double x = p.a + p.b * (kSqrt2 * erfinv_u);
+  return to_dtype<T>(x < p.low ? p.low : (x > p.high ? p.high : x));
+}
+
 // The value of element e of an op's output in dtype T.
 template <typename T>
 TORCHDEFER_HOST_DEVICE inline T element(const ElementParams& p, Draws& draws, uint64_t e) {
@@ -684,11 +734,8 @@ TORCHDEFER_HOST_DEVICE inline T element(const ElementParams& p, Draws& draws, ui
       const double ceiling = k < trials ? k + 1.0 : k;
       return to_dtype<T>(1.0 < ceiling ? ceiling : 1.0);
     }
-    case Distribution::kTruncatedNormal: {
-      const double u = p.u_low + (p.u_high - p.u_low) * draws.unit(e, wide);
-      const double x = p.a + p.b * (kSqrt2 * erfinv(u));
-      return to_dtype<T>(x < p.low ? p.low : (x > p.high ? p.high : x));
-    }
+    case Distribution::kTruncatedNormal:
+      return truncated_normal_value<T>(p, erfinv(truncated_normal_uniform(p, draws, e)));
   }
   return T();
 }

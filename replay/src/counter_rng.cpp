@@ -37,6 +37,10 @@ double exp(double x) { return portable::exp(x); }
 
 void sincos_2pi(double t, double* sin, double* cos) { portable::sincos_2pi<double>(t, sin, cos); }
 
+double erf(double x) { return portable::erf(x); }
+
+double erfinv(double u) { return portable::erfinv(u); }
+
 }  // namespace counter_math
 
 namespace {
@@ -94,6 +98,8 @@ math::ElementParams element_params(const CounterDistributionParams& p, uint64_t 
 //    in-lane 4x4 transpose leaves the words in element order.
 //  * AVX2 (counter_rng_avx2.cpp, likewise): float32 uniform and normal, the same scheme with four
 //    sets of eight blocks, for CPUs without AVX-512.
+//  * Truncated normal, every dtype, with either instruction set: erfinv on vector lanes, the rest
+//    scalar (Note [Vectorized truncated normal]).
 //  * Otherwise the scalar path. The choice is made at run time from cpuid, so the library runs on
 //    any x86-64 CPU. TORCHDEFER_CPU_CAPABILITY=scalar|avx2|avx512 caps it (as ATEN_CPU_CAPABILITY
 //    does ATen's kernels), so that tests and benchmarks run every path on one machine.
@@ -157,12 +163,58 @@ std::optional<counter_simd::Op> simd_op(CounterDistribution distribution) {
   }
 }
 
+#ifdef TORCHDEFER_X86_KERNELS
+
+// Note [Vectorized truncated normal]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// On the scalar path a truncated normal element costs about eighty normal ones: its erfinv is four
+// Halley steps, each a series of 27 divisions (or, in the tail |u| > 0.9, a continued fraction of
+// 150), one long chain of dependent operations. So the elements' uniforms, clamping and rounding
+// stay on the scalar path, for every dtype, and erfinv runs on vector lanes, a chunk of elements
+// at a time (counter_rng_erfinv.h): the central region's template (counter_math.h) in every lane,
+// then the tail's in lanes filled with the chunk's tail elements only. Each lane computes the
+// scalar definition's IEEE operations in order, so the bits are the scalar path's, which
+// counter_rng_test.cpp checks element by element.
+template <typename S>
+int64_t truncated_normal_fill(S* out, uint64_t e, int64_t count, const math::ElementParams& params,
+                              math::Draws& draws) {
+  const Isa isa = counter_isa();
+  if (isa == Isa::kScalar) {
+    return 0;
+  }
+  double u[counter_simd::kErfinvChunk];
+  double z[counter_simd::kErfinvChunk];
+  for (int64_t done = 0; done < count;) {
+    const int64_t n = std::min(counter_simd::kErfinvChunk, count - done);
+    for (int64_t j = 0; j < n; ++j) {
+      u[j] = math::truncated_normal_uniform(params, draws, e + static_cast<uint64_t>(done + j));
+    }
+    if (isa == Isa::kAvx512) {
+      counter_simd::erfinv_avx512(u, z, n);
+    } else {
+      counter_simd::erfinv_avx2(u, z, n);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      out[done + j] = math::truncated_normal_value<S>(params, z[j]);
+    }
+    done += n;
+  }
+  return count;
+}
+
+#endif
+
 // Fills a prefix of the `count` contiguous elements from element `e` with a vector kernel (Note
-// [Vectorized counter fill]), the elements before the first block boundary with the scalar path.
-// Returns how many it filled.
+// [Vectorized counter fill], Note [Vectorized truncated normal]), the elements before the first
+// block boundary with the scalar path. Returns how many it filled.
 template <typename T>
 int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
                     const math::ElementParams& params, math::Draws& draws) {
+#ifdef TORCHDEFER_X86_KERNELS
+  if (params.distribution == CounterDistribution::kTruncatedNormal) {
+    return truncated_normal_fill(out, e, count, params, draws);
+  }
+#endif
   constexpr std::optional<counter_simd::Dtype> dtype = simd_dtype<T>();
   const std::optional<counter_simd::Op> op =
       simd_op(static_cast<CounterDistribution>(params.distribution));

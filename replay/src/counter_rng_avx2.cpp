@@ -6,6 +6,7 @@
 
 #define TORCHDEFER_COUNTER_ISA avx2
 #include "counter_math.h"
+#include "counter_rng_erfinv.h"
 
 #include <immintrin.h>
 
@@ -17,6 +18,9 @@ namespace torchdefer::counter_math {
 template <>
 struct Lanes<__m256d> {
   using Mask = __m256d;  // all ones where true
+  static constexpr int kWidth = 4;
+  static __m256d load(const double* x) { return _mm256_loadu_pd(x); }
+  static void store(double* x, __m256d v) { _mm256_storeu_pd(x, v); }
   static __m256d broadcast(double x) { return _mm256_set1_pd(x); }
   static Mask less(__m256d x, __m256d y) { return _mm256_cmp_pd(x, y, _CMP_LT_OQ); }
   static Mask less_equal(__m256d x, __m256d y) { return _mm256_cmp_pd(x, y, _CMP_LE_OQ); }
@@ -40,7 +44,142 @@ struct Lanes<__m256d> {
         _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi64x(0x000fffffffffffffll)),
                         _mm256_set1_epi64x(0x3ff0000000000000ll)));
   }
+  static __m256d pow2(__m256d k) {
+    const __m128i biased = _mm_add_epi32(_mm256_cvtpd_epi32(k), _mm_set1_epi32(1023));
+    return _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_cvtepi32_epi64(biased), 52));
+  }
   static __m256d sqrt(__m256d x) { return _mm256_sqrt_pd(x); }
+};
+
+namespace avx2 {
+
+// N registers of four float64 lanes, stepped together (as avx512::Doubles): erfinv's Halley
+// steps are one long chain of dependent divisions, multiplies and adds per register, and
+// interleaving two keeps the floating-point units busy. A double converts to all lanes.
+template <int N>
+struct Doubles {
+  __m256d v[N];
+
+  Doubles() = default;
+  Doubles(double x) {  // NOLINT(google-explicit-constructor): the math's constants
+    for (__m256d& r : v) {
+      r = _mm256_set1_pd(x);
+    }
+  }
+
+  friend Doubles operator+(const Doubles& x, const Doubles& y) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = x.v[i] + y.v[i];
+    }
+    return r;
+  }
+  friend Doubles operator-(const Doubles& x, const Doubles& y) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = x.v[i] - y.v[i];
+    }
+    return r;
+  }
+  friend Doubles operator*(const Doubles& x, const Doubles& y) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = x.v[i] * y.v[i];
+    }
+    return r;
+  }
+  friend Doubles operator/(const Doubles& x, const Doubles& y) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = x.v[i] / y.v[i];
+    }
+    return r;
+  }
+  friend Doubles operator-(const Doubles& x) {
+    Doubles r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = -x.v[i];
+    }
+    return r;
+  }
+};
+
+template <int N>
+struct Masks {
+  __m256d m[N];
+};
+
+}  // namespace avx2
+
+// N registers: each primitive is Lanes<__m256d>'s, register by register.
+template <int N>
+struct Lanes<avx2::Doubles<N>> {
+  using D = avx2::Doubles<N>;
+  using Mask = avx2::Masks<N>;
+  using One = Lanes<__m256d>;
+  static constexpr int kWidth = 4 * N;
+  static D load(const double* x) {
+    D r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = One::load(x + 4 * i);
+    }
+    return r;
+  }
+  static void store(double* x, const D& v) {
+    for (int i = 0; i < N; ++i) {
+      One::store(x + 4 * i, v.v[i]);
+    }
+  }
+  static D broadcast(double x) { return D(x); }
+  template <typename F>
+  static Mask compare(const D& x, const D& y, F f) {
+    Mask r;
+    for (int i = 0; i < N; ++i) {
+      r.m[i] = f(x.v[i], y.v[i]);
+    }
+    return r;
+  }
+  static Mask less(const D& x, const D& y) { return compare(x, y, One::less); }
+  static Mask less_equal(const D& x, const D& y) { return compare(x, y, One::less_equal); }
+  static Mask greater(const D& x, const D& y) { return compare(x, y, One::greater); }
+  static Mask equal(const D& x, const D& y) { return compare(x, y, One::equal); }
+  static Mask both(const Mask& x, const Mask& y) {
+    Mask r;
+    for (int i = 0; i < N; ++i) {
+      r.m[i] = One::both(x.m[i], y.m[i]);
+    }
+    return r;
+  }
+  static Mask either(const Mask& x, const Mask& y) {
+    Mask r;
+    for (int i = 0; i < N; ++i) {
+      r.m[i] = One::either(x.m[i], y.m[i]);
+    }
+    return r;
+  }
+  static D select(const Mask& m, const D& x, const D& y) {
+    D r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = One::select(m.m[i], x.v[i], y.v[i]);
+    }
+    return r;
+  }
+  template <typename F>
+  static D map(const D& x, F f) {
+    D r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = f(x.v[i]);
+    }
+    return r;
+  }
+  static D trunc(const D& x) { return map(x, One::trunc); }
+  static D pow2(const D& k) { return map(k, One::pow2); }
+  static D sqrt(const D& x) { return map(x, One::sqrt); }
+  static void split_exponent(const D& x, D* m, D* k) {
+    for (int i = 0; i < N; ++i) {
+      One::split_exponent(x.v[i], &m->v[i], &k->v[i]);
+    }
+  }
 };
 
 namespace avx2 {
@@ -172,6 +311,11 @@ __m256 normal8(__m256i words, double mean, double std) {
 }
 
 }  // namespace
+
+void erfinv_avx2(const double* u, double* out, int64_t count) {
+  using counter_math::avx2::Doubles;
+  counter_math::erfinv_lanes<Doubles<2>, Doubles<4>, kErfinvChunk>(u, out, count);
+}
 
 int64_t fill_avx2(const Job& job) {
   if (job.dtype != Dtype::kFloat || (job.op != Op::kUniform && job.op != Op::kNormal)) {

@@ -6,6 +6,7 @@
 
 #define TORCHDEFER_COUNTER_ISA avx512
 #include "counter_math.h"
+#include "counter_rng_erfinv.h"
 
 #include <immintrin.h>
 
@@ -84,6 +85,19 @@ template <int N>
 struct Lanes<avx512::Doubles<N>> {
   using D = avx512::Doubles<N>;
   using Mask = avx512::Masks<N>;
+  static constexpr int kWidth = 8 * N;
+  static D load(const double* x) {
+    D r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = _mm512_loadu_pd(x + 8 * i);
+    }
+    return r;
+  }
+  static void store(double* x, const D& v) {
+    for (int i = 0; i < N; ++i) {
+      _mm512_storeu_pd(x + 8 * i, v.v[i]);
+    }
+  }
   static D broadcast(double x) { return D(x); }
   template <int Predicate>
   static Mask compare(const D& x, const D& y) {
@@ -135,6 +149,14 @@ struct Lanes<avx512::Doubles<N>> {
           _mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi64(0x000fffffffffffffll)),
                           _mm512_set1_epi64(0x3ff0000000000000ll)));
     }
+  }
+  static D pow2(const D& k) {
+    D r;
+    for (int i = 0; i < N; ++i) {
+      const __m512i biased = _mm512_add_epi64(_mm512_cvtpd_epi64(k.v[i]), _mm512_set1_epi64(1023));
+      r.v[i] = _mm512_castsi512_pd(_mm512_slli_epi64(biased, 52));
+    }
+    return r;
   }
   static D sqrt(const D& x) {
     D r;
@@ -480,6 +502,10 @@ int64_t fill(const Job& job) {
 }
 
 }  // namespace
+
+void erfinv_avx512(const double* u, double* out, int64_t count) {
+  counter_math::erfinv_lanes<Pair, counter_math::avx512::Doubles<4>, kErfinvChunk>(u, out, count);
+}
 
 int64_t fill_avx512(const Job& job) {
   switch (job.dtype) {

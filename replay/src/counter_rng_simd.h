@@ -34,6 +34,14 @@ bool avx512_available();
 // Whether they support the AVX2 kernels.
 bool avx2_available();
 
+// The most elements one erfinv_* call takes.
+constexpr int64_t kErfinvChunk = 1024;
+
+// out[i] = counter_math::erfinv(u[i]) for i < count ≤ kErfinvChunk, bit for bit (Note
+// [Vectorized truncated normal]). Only where avx512_available(), avx2_available() respectively.
+void erfinv_avx512(const double* u, double* out, int64_t count);
+void erfinv_avx2(const double* u, double* out, int64_t count);
+
 // Fills the longest prefix of `job` made of whole groups of 64 Philox blocks and returns its
 // length in elements; the caller fills the rest. Only where avx512_available().
 int64_t fill_avx512(const Job& job);

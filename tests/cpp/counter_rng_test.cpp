@@ -101,7 +101,8 @@ TEST(CounterRng, Float32UniformMatchesTheNoteElementByElement) {
   }
 }
 
-// Note [Counter RNG] for element e of a uniform, normal, bernoulli or exponential op, written out
+// Note [Counter RNG] for element e of a uniform, normal, bernoulli, exponential or truncated
+// normal op, written out
 // from philox4x32_10 and counter_math alone: the value in double, before rounding to the dtype.
 double reference_double(const CounterDistributionParams& p, bool wide, uint64_t seed,
                         uint64_t stream, uint64_t e) {
@@ -143,6 +144,15 @@ double reference_double(const CounterDistributionParams& p, bool wide, uint64_t 
       const double u = wide ? static_cast<double>((draw64(block(e / 2), e % 2) >> 11) + 1) * 0x1p-53
                             : (static_cast<double>(block(e / 4)[e % 4]) + 1.0) / two_pow_32;
       return -counter_math::log(u) / p.a;
+    }
+    case Distribution::kTruncatedNormal: {
+      const double sqrt2 = 1.41421356237309504880;
+      const double u_low = counter_math::erf((p.low - p.a) / p.b / sqrt2);
+      const double u_high = counter_math::erf((p.high - p.a) / p.b / sqrt2);
+      const double unit = wide ? static_cast<double>(draw64(block(e / 2), e % 2) >> 11) * 0x1p-53
+                               : static_cast<double>(block(e / 4)[e % 4] >> 8) * 0x1p-24;
+      const double x = p.a + p.b * (sqrt2 * counter_math::erfinv(u_low + (u_high - u_low) * unit));
+      return x < p.low ? p.low : (x > p.high ? p.high : x);
     }
     default:
       ADD_FAILURE() << "no reference for distribution " << static_cast<int>(p.distribution);
@@ -200,14 +210,28 @@ void expect_region_matches_reference(const CounterDistributionParams& p,
   }
 }
 
+// trunc_normal_(mean, std, low, high).
+CounterDistributionParams truncated_normal(double mean, double std, double low, double high) {
+  CounterDistributionParams p{Distribution::kTruncatedNormal, mean, std};
+  p.low = low;
+  p.high = high;
+  return p;
+}
+
 template <typename T>
 void expect_every_path_matches_reference() {
   const double inf = std::numeric_limits<double>::infinity();
   const std::vector<CounterDistributionParams> distributions = {
-      {Distribution::kUniform, -0.3, 0.7}, {Distribution::kUniform, 0.0, 1.0},
+      {Distribution::kUniform, -0.3, 0.7},
+      {Distribution::kUniform, 0.0, 1.0},
       {Distribution::kUniform, -inf, inf},  // NaN everywhere: checks NaN's bits in each dtype
-      {Distribution::kNormal, 0.5, 2.0},   {Distribution::kBernoulli, 0.3},
-      {Distribution::kExponential, 1.5}};
+      {Distribution::kNormal, 0.5, 2.0},
+      {Distribution::kBernoulli, 0.3},
+      {Distribution::kExponential, 1.5},
+      // ±2σ: a twentieth of the elements in erfinv's tail region; bounds far out: u ∈ [−1, 1),
+      // a tenth in the tail, and u = −1 (erfinv −∞, clamped) where the draw is 0.
+      truncated_normal(0.0, 0.02, -0.04, 0.04),
+      truncated_normal(0.5, 2.0, -1e6, 1e6)};
   // Starts and lengths that begin and end mid-block and mid-group (a vector group is up to 256
   // elements, in four sets of 16 blocks), and block counters whose low word wraps around inside
   // each set of a group (32- and 64-bit draws).
@@ -418,13 +442,6 @@ TEST(CounterRng, OtherDistributionsHaveTheirMoments) {
   EXPECT_GE(geometric.min().item<double>(), 1.0);
   EXPECT_NEAR(geometric.mean().item<double>(), 4.0, 0.05);
   EXPECT_TRUE(torch::floor(geometric).equal(geometric));
-}
-
-CounterDistributionParams truncated_normal(double mean, double std, double low, double high) {
-  CounterDistributionParams p{Distribution::kTruncatedNormal, mean, std};
-  p.low = low;
-  p.high = high;
-  return p;
 }
 
 TEST(CounterRng, TruncatedNormalFollowsItsDistributionInEveryFloatingDtype) {

@@ -83,6 +83,8 @@ namespace counter_math {
 double log(double x);  // x > 0, finite
 double exp(double x);
 void sincos_2pi(double t, double* sin, double* cos);  // sin and cos of 2πt
+double erf(double x);
+double erfinv(double u);  // ±∞ at ±1, NaN outside [−1, 1]
 }  // namespace counter_math
 
 }  // namespace torchdefer
