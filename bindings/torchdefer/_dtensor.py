@@ -41,13 +41,12 @@ the DTensor's local shape, which catches a placement we would read differently f
 from __future__ import annotations
 
 import sys
-import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 import torchdefer
-from torchdefer import _C
+from torchdefer import _C, _module_tree
 
 # (start, stop) ranges of global indices along one dimension, in the local tensor's order.
 Ranges = List[Tuple[int, int]]
@@ -55,9 +54,7 @@ Ranges = List[Tuple[int, int]]
 _MIN_TORCH = (2, 6)  # the DTensor and FSDP2 attributes read here exist from 2.6 on
 
 # For every module of a deferred_init result: {parameter or buffer name: the fake it held}.
-_remembered: "weakref.WeakKeyDictionary[torch.nn.Module, Dict[str, torch.Tensor]]" = (
-    weakref.WeakKeyDictionary()
-)
+_remembered: "_module_tree.WeakModuleMap[Dict[str, torch.Tensor]]" = _module_tree.WeakModuleMap()
 
 
 def remember(result: Any) -> None:
@@ -72,7 +69,7 @@ def remember(result: Any) -> None:
         elif isinstance(value, dict):
             pending.extend(value.values())
         elif isinstance(value, torch.nn.Module):
-            for module in value.modules():
+            for module in _module_tree.modules(value):
                 fakes = _own_fakes(module)
                 if fakes:
                     _remembered[module] = fakes
@@ -81,7 +78,7 @@ def remember(result: Any) -> None:
 def forget_materialized(module: torch.nn.Module) -> None:
     """Forgets the remembered tensors of ``module``'s tree that are real now, so that a tensor the
     module later lets go of (``load_state_dict(assign=True)``) is not kept alive here."""
-    for submodule in module.modules():
+    for submodule in _module_tree.modules(module):
         fakes = _remembered.get(submodule)
         if fakes is None:
             continue
@@ -120,7 +117,7 @@ def holds_deferred_dtensors(module: torch.nn.Module) -> bool:
 
 
 def _owned(module: torch.nn.Module) -> Iterator[Tuple[str, torch.nn.Module, torch.Tensor]]:
-    for prefix, submodule in module.named_modules(remove_duplicate=False):
+    for prefix, submodule in _module_tree.named_modules(module, remove_duplicate=False):
         for tensors in (submodule._parameters, submodule._buffers):
             for name, t in tensors.items():
                 if t is not None:
@@ -250,7 +247,7 @@ def _fsdp_params(module: torch.nn.Module) -> Dict[int, Any]:
     from torch.distributed.fsdp import FSDPModule
 
     found = {}
-    for submodule in module.modules():
+    for submodule in _module_tree.modules(module):
         if not isinstance(submodule, FSDPModule):
             continue
         groups = _private("FSDPModule._get_fsdp_state()._fsdp_param_groups",
@@ -411,7 +408,7 @@ def materialize(
     # buffer; an uneven shard is copied into a padded one). Every other reference to it (the
     # entries, the remembered fakes, the target) is dropped first.
     del entries
-    for submodule in module.modules():
+    for submodule in _module_tree.modules(module):
         _remembered.pop(submodule, None)
     while targets:
         target = targets.pop()

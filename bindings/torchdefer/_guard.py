@@ -28,17 +28,16 @@ forward to infer shapes do) is a forward on fakes on purpose and is let through.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, List, Optional, Tuple
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
 import torchdefer
-from torchdefer import _C, _recording
+from torchdefer import _C, _module_tree, _recording
 
 # module -> its qualified name in the module deferred_init returned ("" for that module itself).
-_guarded: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+_guarded: "_module_tree.WeakModuleMap[str]" = _module_tree.WeakModuleMap()
 _handle: Optional[RemovableHandle] = None
 _INTERNALS = frozenset({"_parameters", "_buffers", "_modules"})
 
@@ -48,7 +47,7 @@ def guard(result: Any) -> None:
     global _handle
     if not isinstance(result, torch.nn.Module):
         return
-    for name, module in result.named_modules():
+    for name, module in _module_tree.named_modules(result):
         _guarded.setdefault(module, name)
     if _handle is None:
         _handle = torch.nn.modules.module.register_module_forward_pre_hook(_check_before_forward)
@@ -63,7 +62,7 @@ def release(module: torch.nn.Module) -> None:
 
 
 def _forget(module: torch.nn.Module) -> None:
-    for submodule in module.modules():
+    for submodule in _module_tree.modules(module):
         _guarded.pop(submodule, None)
     _remove_hook_if_unused()
 
@@ -114,7 +113,7 @@ def _holders(module: torch.nn.Module, name: str) -> List[Tuple[str, str, List[st
     """(qualified name, class name, fake tensor names) of each module in ``module``'s subtree that
     holds fakes. Names leave out FSDP1's wrapper level, as the model's own state dict does."""
     holders = []
-    for prefix, submodule in module.named_modules():
+    for prefix, submodule in _module_tree.named_modules(module):
         fakes = _own_fakes(submodule)
         if fakes:
             parts = (name, *prefix.split("."))

@@ -283,3 +283,15 @@ def test_the_block_lists_modules_that_are_not_hashable():
     with torchdefer.deferred() as block:
         model = Configured()
     assert len(block.modules) == 1 and block.modules[0] is model
+
+
+def test_an_unhashable_module_is_guarded_and_materializes_like_any_other():
+    torch.manual_seed(4)
+    eager = Configured()
+    torch.manual_seed(4)
+    model = torchdefer.deferred_init(Configured)
+    with pytest.raises(RuntimeError, match="still holds deferred tensors"):
+        model.proj(torch.zeros(1, 2))
+    torchdefer.materialize_module(model)
+    assert torch.equal(model.proj.weight, eager.proj.weight)
+    model.proj(torch.zeros(1, 2))

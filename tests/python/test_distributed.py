@@ -128,6 +128,30 @@ def test_fsdp1_materializes_a_deferred_model_unit_by_unit_with_eager_values(tmp_
     run_ranks(tmp_path, 2, fsdp1_worker, use_orig_params)
 
 
+def fsdp1_frees_originals_worker(rank, world):
+    import gc
+    import weakref
+
+    torchdefer.compat.install()
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    deferred = record(Tower, 0)
+    originals = [weakref.ref(p) for p in deferred.parameters()]
+    model = FSDP(deferred, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"))
+    del deferred
+    gc.collect()
+    # FSDP1 flattens each unit and lets its parameters go: nothing of torchdefer's may keep them
+    # (this is what keeps the per-rank peak at eager's, bench/fsdp1_memory.py).
+    alive = [ref() for ref in originals if ref() is not None]
+    assert not alive, [tuple(t.shape) for t in alive]
+    assert model is not None
+
+
+def test_fsdp1_lets_each_units_original_parameters_go(tmp_path):
+    run_ranks(tmp_path, 2, fsdp1_frees_originals_worker)
+
+
 # --- FSDP2 (fully_shard) ---------------------------------------------------------------------
 
 
