@@ -21,8 +21,8 @@ namespace torchdefer {
 namespace {
 
 using testing::bitwise_equal;
-using testing::trunc_normal_;
 using ::testing::HasSubstr;
+using testing::trunc_normal_;
 
 // Collects the warnings raised while it lives.
 class CapturedWarnings : public c10::WarningHandler {
