@@ -30,25 +30,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import torchdefer
+from process_memory import reset_peak, status_kib
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from llama import Config, Llama, fully_shard_llama, tensor_parallel  # noqa: E402
 
 WAYS = ["torchdefer", "meta", "broadcast"]
 RSS_BEFORE_KIB, RECORDING_PEAK_KIB = [0], [0]
-
-
-def status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
 
 
 def lay_out(model, layout, world):

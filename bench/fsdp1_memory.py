@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import torchdefer
+from process_memory import reset_peak, status_kib
 import torchdefer.compat
 
 
@@ -49,19 +50,6 @@ class Model(torch.nn.Module):
         self.layers = torch.nn.ModuleList(Block(dim) for _ in range(layers))
         self.norm = torch.nn.LayerNorm(dim)
         self.output = Output(dim, vocab, bias=False)
-
-
-def status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
 
 
 def build(how, layers, dim, vocab, root_units):

@@ -28,20 +28,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import torchdefer
+from process_memory import reset_peak, status_kib
 import torchdefer.distributed
-
-
-def status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
 
 
 def build(how, layers, dim, mesh):

@@ -125,8 +125,8 @@ class JsonValue::Parser {
     return std::string(text_.substr(begin, pos_ - begin));
   }
 
-  // Tensor names are ASCII in practice; \uXXXX escapes are decoded to UTF-8 (surrogate pairs
-  // included) so that any name round-trips.
+  // Tensor names are ASCII in practice; \u escapes (four hex digits) are decoded to UTF-8
+  // (surrogate pairs included) so that any name round-trips.
   std::string parse_string() {
     consume('"');
     std::string out;
