@@ -402,7 +402,7 @@ def materialize_module(
         stats = _dtensor.materialize_module(
             module, device, shard, rng, check_fn, buffers_only, counter_seed, progress, loading
         )
-        _guard.release(module)
+        _forget_what_is_real(module)
         return stats
     _check_options(shard, rng, check_fn, counter_seed, progress)
     target = _target_device(device)
@@ -415,9 +415,16 @@ def materialize_module(
             stats = _C.materialize_named(
                 entries, target, rng, counter_seed, shard, progress=callback, **loading
             )
-    _guard.release(module)  # a forward is checked no more once all of it is real
-    _dtensor.forget_materialized(module)
+    _forget_what_is_real(module)
     return stats
+
+
+def _forget_what_is_real(module: torch.nn.Module) -> None:
+    """Drops what the package keeps about ``module``'s fakes once they are real: the forward check
+    (Note [Forgetting to materialize]) and the fakes remembered for DTensor layouts, which would
+    otherwise keep tensors alive that FSDP or the user let go of."""
+    _guard.release(module)
+    _dtensor.forget_materialized(module)
 
 
 def materialize_tensor(

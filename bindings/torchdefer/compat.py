@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterator, List, Optional, Set, Tuple, Union
 import torch
 
 import torchdefer
-from torchdefer import _C, _dtensor, _guard, _heap, _recording
+from torchdefer import _C, _heap, _recording
 
 __all__ = ["install", "is_installed"]
 
@@ -147,11 +147,8 @@ def materialize_module(
     if entries:
         _heap.return_free_memory()  # what the previous unit freed (Note [FSDP1 units and the heap])
         _C.materialize_named(entries)
-    # What torchdefer.materialize_module does after materializing: nothing keeps the (now real)
-    # tensors alive for DTensor layouts, so FSDP frees each unit's originals once it has flattened
-    # them, and a forward is no longer checked.
-    _dtensor.forget_materialized(module)
-    _guard.release(module)
+    # As torchdefer.materialize_module does: so FSDP frees each unit's originals once flattened.
+    torchdefer._forget_what_is_real(module)
 
 
 # --- torchdistx.fake ---------------------------------------------------------------------------
