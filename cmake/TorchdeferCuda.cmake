@@ -45,11 +45,13 @@ macro(torchdefer_add_cuda_counter_fill)
                                  PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/internal)
       set_target_properties(torchdefer_cuda_counter_fill PROPERTIES POSITION_INDEPENDENT_CODE ON)
       if(CAFFE2_USE_CUDA)
-        target_sources(torchdefer_replay PRIVATE $<TARGET_OBJECTS:torchdefer_cuda_counter_fill>
-                                                 ${CMAKE_CURRENT_SOURCE_DIR}/src/counter_rng_cuda.cpp)
+        target_sources(torchdefer_replay PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src/counter_rng_cuda.cpp)
         target_compile_definitions(torchdefer_replay PRIVATE TORCHDEFER_WITH_CUDA)
+        # LibTorch's CMake turns CMAKE_CUDA_ARCHITECTURES OFF and passes TORCH_CUDA_ARCH_LIST's
+        # -gencode flags itself.
         message(STATUS "torchdefer: CUDA counter fill built into the library "
-                       "(${CMAKE_CUDA_COMPILER}, sm_${CMAKE_CUDA_ARCHITECTURES})")
+                       "(${CMAKE_CUDA_COMPILER}, architectures ${CMAKE_CUDA_ARCHITECTURES}, "
+                       "TORCH_CUDA_ARCH_LIST ${TORCH_CUDA_ARCH_LIST})")
       else()
         message(STATUS "torchdefer: torch has no CUDA: the CUDA counter fill is compile-checked "
                        "only (${CMAKE_CUDA_COMPILER}, sm_${CMAKE_CUDA_ARCHITECTURES})")

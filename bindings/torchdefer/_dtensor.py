@@ -241,6 +241,15 @@ def _merge(ranges: Ranges) -> Ranges:
 # --- FSDP2 -------------------------------------------------------------------------------------
 
 
+def _param_groups(state: Any) -> List[Any]:
+    """The FSDPParamGroups of one fully_shard call: a list in torch 2.13, at most one group
+    (``_fsdp_param_group``, None when it manages no parameter) in 2.11."""
+    if hasattr(state, "_fsdp_param_groups"):
+        return list(state._fsdp_param_groups)
+    group = state._fsdp_param_group
+    return [] if group is None else [group]
+
+
 def _fsdp_params(module: torch.nn.Module) -> Dict[int, Any]:
     """FSDP2's FSDPParam of every parameter ``fully_shard`` manages in ``module``'s tree, by the
     id of its DTensor."""
@@ -251,7 +260,7 @@ def _fsdp_params(module: torch.nn.Module) -> Dict[int, Any]:
         if not isinstance(submodule, FSDPModule):
             continue
         groups = _private("FSDPModule._get_fsdp_state()._fsdp_param_groups",
-                          lambda: submodule._get_fsdp_state()._fsdp_param_groups)
+                          lambda: _param_groups(submodule._get_fsdp_state()))
         for group in groups:
             for fsdp_param in group.fsdp_params:
                 found[id(fsdp_param.sharded_param)] = fsdp_param

@@ -77,9 +77,11 @@ int64_t anchor_here(OpGraph& graph) {
 
 uint64_t per_element(bool two_words) { return two_words ? 2 : 1; }
 
+// Note [Draw counts by LibTorch version] (torch_compat.h) for float16/bfloat16.
 uint64_t normal_fill_draws(uint64_t n, c10::ScalarType dtype) {
   const uint64_t tail = n % 16 == 0 ? 0 : 16;
-  if (dtype == at::kHalf || dtype == at::kBFloat16) {
+  if ((dtype == at::kHalf || dtype == at::kBFloat16) &&
+      kReducedFloatNormalDraws == ReducedFloatNormalDraws::kAlignedPrefix) {
     return n - n % 16 + tail;
   }
   return (n + tail) * per_element(dtype == at::kDouble);
@@ -147,7 +149,9 @@ DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Te
     case DrawRule::kUniform:
       return known(n * per_element(dtype == at::kDouble));
     case DrawRule::kNormal:
-      if (n >= 16 && target.is_contiguous()) {
+      if (n >= 16 && target.is_contiguous() &&
+          (kReducedFloatNormalDraws != ReducedFloatNormalDraws::kUnmeasured ||
+           (dtype != at::kHalf && dtype != at::kBFloat16))) {
         return known(normal_fill_draws(n, dtype));
       }
       return on_scratch();
