@@ -337,6 +337,77 @@ void GraphReplay::check_replayed_output(const RecordedNode& node, const Recorded
               ". The fake computation disagrees with the real kernel; please report this op.");
 }
 
+// Note [Torch-mode draws run on the CPU]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Recording places every random op on the default CPU generator (Note [Torch-mode draw offsets]),
+// so torch mode's values are eager construction's on the CPU. A kernel of another device draws
+// from that device's generator (CUDA's Philox), whose position the recording does not know: run
+// there, the op would give values that are neither eager's on the CPU nor eager's on the device.
+// So a random node whose tensors live on another device runs on the CPU, with the CPU generator
+// placed, and what it wrote and returned is copied to the device: the same values on every
+// device, at the cost of host copies of that op's tensors. A tensor the op writes is copied with
+// its whole storage and viewed with its own strides and offset on the CPU, since how a CPU kernel
+// draws can depend on the layout it writes (normal_ on a strided view). Counter mode fills on the
+// device.
+namespace {
+
+// The bytes of `t`'s storage, as a one-dimensional uint8 tensor on t's device.
+at::Tensor storage_bytes(const at::Tensor& t) {
+  const auto nbytes = static_cast<int64_t>(t.storage().nbytes());
+  return at::empty({0}, t.options().dtype(at::kByte)).set_(t.storage(), 0, {nbytes}, {1});
+}
+
+}  // namespace
+
+void GraphReplay::call_on_cpu(const RecordedNode& node, torch::jit::Stack& stack,
+                              c10::Device device) {
+  const auto& arguments = node.op.schema().arguments();
+  struct Written {
+    at::Tensor device_bytes;
+    at::Tensor cpu_bytes;
+    at::Tensor on_device;
+    at::Tensor on_cpu;
+  };
+  std::vector<Written> written;
+  for (size_t i = 0; i < stack.size() && i < arguments.size(); ++i) {
+    const bool writes = arguments[i].alias_info() && arguments[i].alias_info()->isWrite();
+    stack[i] = map_tensors(stack[i], [&](const at::Tensor& t) {
+      if (!t.defined() || t.device().is_cpu()) {
+        return t;
+      }
+      if (!writes) {
+        return t.to(c10::kCPU);
+      }
+      Written w{storage_bytes(t), at::Tensor(), t, at::Tensor()};
+      w.cpu_bytes = w.device_bytes.to(c10::kCPU);
+      w.on_cpu = at::empty({0}, t.options().device(c10::kCPU))
+                     .set_(w.cpu_bytes.storage(), t.storage_offset(), t.sizes(), t.strides());
+      written.push_back(w);
+      return w.on_cpu;
+    });
+    if (is_device_argument(arguments[i]) && stack[i].isDevice()) {
+      stack[i] = c10::Device(c10::kCPU);
+    }
+  }
+  node.op.callBoxed(&stack);
+  for (Written& w : written) {
+    w.device_bytes.copy_(w.cpu_bytes);
+  }
+  for (c10::IValue& output : stack) {
+    output = map_tensors(output, [&](const at::Tensor& t) {
+      if (!t.defined() || !t.device().is_cpu()) {
+        return t;
+      }
+      for (const Written& w : written) {
+        if (t.is_alias_of(w.on_cpu)) {
+          return w.on_device;
+        }
+      }
+      return t.to(device);
+    });
+  }
+}
+
 void GraphReplay::run_node(int64_t index) {
   const RecordedNode& node = graph_->nodes()[index];
   const c10::Device device = node_device(node);
@@ -350,8 +421,12 @@ void GraphReplay::run_node(int64_t index) {
     place_generator(*node.draws);
   }
   const AmbientStateGuard ambient(node.ambient);
-  node.op.callBoxed(&stack);
-  if (node.draws && node.draws->end_anchor >= 0 && !config_.counter_rng && device.is_cpu()) {
+  if (node.draws && !config_.counter_rng && !device.is_cpu()) {
+    call_on_cpu(node, stack, device);
+  } else {
+    node.op.callBoxed(&stack);
+  }
+  if (node.draws && node.draws->end_anchor >= 0 && !config_.counter_rng) {
     offer_end_anchor(*node.draws);
   }
   size_t output = 0;

@@ -233,5 +233,25 @@ TEST(HostBackend, MaterializesACounterModeModuleWithTheCpuBits) {
   EXPECT_GE(backend().copies_in.load(), 2);
 }
 
+// Note [Torch-mode draws run on the CPU]: eager construction's bits, drawn on the CPU and copied
+// in.
+TEST(HostBackend, TorchModeGivesEagersCpuBitsOnTheDevice) {
+  const auto make = [] {
+    auto linear = torch::nn::Linear(torch::nn::LinearOptions(96, 80));
+    linear->weight.data().normal_(0.0, 0.02);
+    linear->weight.data().slice(1, 0, 96, 3).uniform_(-1.0, 1.0);  // a strided view
+    linear->weight.data().slice(1, 1, 96, 3).normal_(2.0, 1.0);
+    return linear;
+  };
+  torch::manual_seed(8);
+  auto eager = make();
+  torch::manual_seed(8);
+  auto deferred = deferred_init(make);
+  materialize_module(*deferred, MaterializeOptions().device(kDevice));
+  EXPECT_EQ(deferred->weight.device(), kDevice);
+  EXPECT_TRUE(bitwise_equal(to_cpu(deferred->weight), eager->weight));
+  EXPECT_TRUE(bitwise_equal(to_cpu(deferred->bias), eager->bias));
+}
+
 }  // namespace
 }  // namespace torchdefer
