@@ -23,7 +23,7 @@
 //   BM_Mt19937Jump/draws:<n>                     torchdefer::mt19937_discard of a seeded MT19937
 //       engine by n words (the jump the recorder makes at the end of a deferred_init that drew n
 //       words): 10^4 runs the recurrence, longer ones jump by polynomial (Note [MT19937
-//       jump-ahead]). The process-wide tables are built before timing.
+//       jump-ahead]).
 //   BM_ShardReplay/world:<W>/at_threads:<n>      materialize_module of one recorded
 //       torch::nn::Linear(8192, 8192) (256 MiB of float32, kaiming_uniform_) as the shard of rank
 //       0 of W (Shard{0, W}, counter RNG), W = 1, 2, 4, ..., 64; bytes_per_second is the shard's

@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include <sstream>
+#include <typeinfo>
 #include <utility>
 
 namespace torchdefer {
@@ -119,7 +120,11 @@ FakeTensorImpl* fake_impl(const at::TensorBase& t) noexcept {
   if (!t.defined() || !t.key_set().has(kFakeKey)) {
     return nullptr;
   }
-  return dynamic_cast<FakeTensorImpl*>(t.unsafeGetTensorImpl());
+  // A tensor can carry kFakeKey without being a fake (has_fake_metadata_only). FakeTensorImpl is
+  // final, so its exact type decides, which costs a pointer comparison where a dynamic_cast walks
+  // the class hierarchy (this runs several times per recorded op).
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return typeid(*impl) == typeid(FakeTensorImpl) ? static_cast<FakeTensorImpl*>(impl) : nullptr;
 }
 
 bool is_fake(const at::TensorBase& t) noexcept { return fake_impl(t) != nullptr; }

@@ -1,10 +1,7 @@
 #include <torchdefer/mt19937_jump.h>
 
-#include <c10/util/Exception.h>
-
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <vector>
 
 namespace torchdefer {
@@ -17,237 +14,125 @@ constexpr uint32_t kMatrixA = 0x9908b0df;
 constexpr uint32_t kUpper = 0x80000000;
 constexpr uint32_t kLower = 0x7fffffff;
 
-using Window = std::array<uint32_t, kN>;
+// The exponents of φ's terms (Note [MT19937 jump-ahead]), ascending: the minimal polynomial that
+// Berlekamp–Massey finds on any fixed bit of the generator's untempered words.
+// MtCharacteristic.AnnihilatesTheGeneratorsBits checks it against the generator.
+constexpr std::array<uint16_t, 135> kPhiExponents = {
+    0,     1189,  1416,  1585,  1643,  1870,  2493,  2773,  3000,  3227,  3454,  3681,  3908,
+    4135,  4362,  4753,  5661,  6337,  6569,  7129,  7477,  7525,  7583,  7752,  7979,  8206,
+    9505,  9901,  9969,  10128, 10693, 10761, 10920, 11089, 11147, 11157, 11215, 11321, 11374,
+    11384, 11485, 11611, 11712, 11717, 11838, 11881, 11944, 11997, 12277, 12335, 12393, 12504,
+    12509, 12620, 12673, 12731, 12736, 12789, 12905, 12958, 12963, 13137, 13185, 13190, 13243,
+    13301, 13412, 13528, 13533, 13639, 13697, 13760, 13813, 13866, 14093, 14151, 14209, 14320,
+    14325, 14436, 14547, 14552, 14605, 14721, 14774, 14779, 14953, 15001, 15006, 15059, 15117,
+    15228, 15344, 15349, 15455, 15513, 15576, 15629, 15682, 15909, 15967, 16025, 16136, 16141,
+    16252, 16363, 16368, 16421, 16537, 16590, 16595, 16817, 16822, 16875, 16933, 17044, 17160,
+    17271, 17329, 17445, 17498, 17725, 17783, 17841, 17952, 18068, 18179, 18237, 18406, 18633,
+    18691, 18860, 19087, 19314, 19937};
+static_assert(kPhiExponents.back() == kDegree);
 
-// A polynomial over GF(2): bit i of the vector is the coefficient of x^i.
-using Poly = std::vector<uint64_t>;
+// φ's terms below x^19937 (x^19937 ≡ their sum, mod φ).
+constexpr int kLowTerms = kPhiExponents.size() - 1;
+constexpr int kHighestLowTerm = kPhiExponents[kLowTerms - 1];
 
-constexpr size_t kPolyWords = (kDegree + 1 + 63) / 64;  // room for degree 19937 (φ itself)
-
-bool bit(const Poly& p, size_t i) { return (p[i / 64] >> (i % 64)) & 1u; }
-void flip(Poly& p, size_t i) { p[i / 64] ^= uint64_t{1} << (i % 64); }
-
-uint32_t next_word(uint32_t x0, uint32_t x1, uint32_t x397) {
-  const uint32_t y = (x0 & kUpper) | (x1 & kLower);
-  return x397 ^ (y >> 1) ^ ((x1 & 1u) ? kMatrixA : 0u);
-}
-
-// A window of 624 consecutive words of the recurrence, as a ring, so that a step is O(1).
-class Ring {
- public:
-  Ring() { words_.fill(0); }
-  explicit Ring(const Window& w) : words_(w) {}
-
-  void step() {
-    words_[start_] = next_word(words_[start_], words_[wrap(start_ + 1)], words_[wrap(start_ + kM)]);
-    start_ = wrap(start_ + 1);
-  }
-  void add(const Window& w) {
-    const int tail = kN - start_;
-    for (int i = 0; i < tail; ++i) {
-      words_[start_ + i] ^= w[i];
-    }
-    for (int i = tail; i < kN; ++i) {
-      words_[i - tail] ^= w[i];
-    }
-  }
-  uint32_t front() const { return words_[start_]; }
-  Window window() const {
-    Window w;
-    for (int i = 0; i < kN; ++i) {
-      w[i] = words_[wrap(start_ + i)];
-    }
-    return w;
-  }
-
- private:
-  static int wrap(int i) { return i >= kN ? i - kN : i; }
-  Window words_;
-  int start_ = 0;
-};
-
-// Berlekamp–Massey over GF(2): the minimal polynomial of the bit sequence `s` (length 2·degree),
-// as connection polynomial C(x) = 1 + c1 x + ... + cL x^L. Returned reversed, so that it is the
-// characteristic polynomial x^L + c1 x^(L-1) + ... + cL of the recurrence.
-Poly minimal_polynomial(const std::vector<uint8_t>& s) {
-  const size_t n = s.size();
-  const size_t words = (n + 63) / 64 + 1;
-  // r holds s reversed, so that sum_{i=1..L} c_i s[N-i] is a word-wise AND of C with a slice of r.
-  Poly r(words + 1, 0);
-  for (size_t j = 0; j < n; ++j) {
-    if (s[n - 1 - j]) {
-      flip(r, j);
-    }
-  }
-  auto r_slice = [&](size_t offset, size_t w) {
-    const size_t word = offset / 64 + w;
-    const unsigned shift = offset % 64;
-    const uint64_t low = word < r.size() ? r[word] : 0;
-    const uint64_t high = word + 1 < r.size() ? r[word + 1] : 0;
-    return shift == 0 ? low : (low >> shift) | (high << (64 - shift));
-  };
-  Poly c(words, 0), b(words, 0);
-  c[0] = b[0] = 1;
-  size_t length = 0;
-  size_t m = 1;
-  for (size_t i = 0; i < n; ++i) {
-    // d = s[i] + sum_{k=1..L} c_k s[i-k]; with c_0 = 1 that is sum_{k=0..L} c_k r[n-1-i+k].
-    uint64_t acc = 0;
-    const size_t base = n - 1 - i;
-    for (size_t w = 0; w * 64 <= length; ++w) {
-      acc ^= c[w] & r_slice(base, w);
-    }
-    if (__builtin_parityll(acc) == 0) {
-      ++m;
-      continue;
-    }
-    Poly previous = c;
-    const size_t word_shift = m / 64;
-    const unsigned bit_shift = m % 64;
-    for (size_t w = words; w-- > word_shift;) {
-      const size_t from = w - word_shift;
-      uint64_t v = b[from] << bit_shift;
-      if (bit_shift != 0 && from > 0) {
-        v |= b[from - 1] >> (64 - bit_shift);
-      }
-      c[w] ^= v;
-    }
-    if (2 * length <= i) {
-      length = i + 1 - length;
-      b = std::move(previous);
-      m = 1;
-    } else {
-      ++m;
-    }
-  }
-  Poly reversed(kPolyWords, 0);
-  for (size_t k = 0; k <= length; ++k) {
-    if (bit(c, k)) {
-      flip(reversed, length - k);
-    }
-  }
-  TORCH_INTERNAL_ASSERT(length == kDegree, "torchdefer: MT19937 recurrence has degree ", length);
-  return reversed;
-}
-
-// Note [Reduction modulo φ by byte tables]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Note [Reduction modulo φ by its terms]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A jump squares a polynomial of degree < 19937 once per bit of its length and reduces the square
-// modulo φ; the reduction is nearly all of a jump's time. Reducing bit by bit XORs one shifted φ
-// per set bit above the degree (~10,000 of them). Instead, the bits above the degree are taken 64
-// at a time, from the top: a 64-bit group at bit 19937 + 64m stands for
-// sum_k c_k(x) · x^(19937 + 8k) · x^(64m) with bytes c_k, and c_k(x) · x^(19937 + 8k) mod φ is a
-// precomputed row (8 byte lanes × 256 values, 5 MB, built once per process from φ). The row has
-// degree < 19937, so XORed in at word m it lands below the group: the groups under it pick up its
-// bits before they are read, and one aligned pass over 312 words per group replaces 64 single-bit
-// steps.
-class Characteristic {
- public:
-  Characteristic() {
-    // The low bits of consecutive untempered words, from an arbitrary nonzero state.
-    at::mt19937 engine(5489);
-    Ring ring(engine.data().state_);
-    std::vector<uint8_t> sequence(2 * kDegree);
-    for (auto& b : sequence) {
-      ring.step();
-      b = ring.front() & 1u;  // any fixed bit position obeys the same recurrence
-    }
-    Poly low = minimal_polynomial(sequence);
-    flip(low, kDegree);  // x^19937 ≡ φ - x^19937 (mod φ)
-    low.resize(kPolyWords);
-    build_rows(std::move(low));
-  }
+// modulo φ; the reduction is most of a squaring's time. φ is sparse: 135 terms, the highest below
+// x^19937 being x^19314. So bits at and above a boundary B fold down as
+// x^B ≡ x^(B − 19937)·(φ's 134 lower terms): one shifted XOR of the bits per term, each landing at
+// least 623 bits lower. Folding 9 words (576 bits < 623) at a time from the top, the folded bits
+// land wholly below the words being folded, so the words below pick them up before they are read.
+// A fold shifts its 9 words once per distinct shift among the terms (55) and XORs them in 134
+// times; the reduction of a square is ~47,000 word XORs, where taking 64-bit groups through byte
+// tables of x^(19937 + 8k) mod φ (this file's previous scheme) read ~780,000 words and built 5 MB
+// of tables per process. B is 19968, a word boundary, which keeps every fold word-aligned: between
+// squarings a polynomial is kept "almost reduced" (degree < 19968), and its last 31 bits are folded
+// once, at the end.
+constexpr int kWords = 312;                 // an almost reduced polynomial: degree < 19968
+constexpr int kAlmostDegree = 64 * kWords;  // 19968
+constexpr int kFoldWords = 9;
+static_assert(64 * kFoldWords + (kAlmostDegree - kDegree) + kHighestLowTerm < kAlmostDegree,
+              "folded bits must land below the words they come from");
 
-  // Row c_k(x) · x^(19937 + 8k) mod φ, kPolyWords words.
-  const uint64_t* row(int lane, uint64_t byte) const {
-    return rows_.data() + (static_cast<size_t>(lane) * 256 + byte) * kPolyWords;
-  }
+using Poly = std::array<uint64_t, kWords>;
+// A square before its fold: degree < 2·19968, in words up to a whole number of folds.
+constexpr int kFolds = (kWords + kFoldWords - 1) / kFoldWords;
+using Product = std::array<uint64_t, kWords + kFolds * kFoldWords>;
 
- private:
-  void build_rows(Poly power) {
-    rows_.assign(size_t{8} * 256 * kPolyWords, 0);
-    for (int lane = 0; lane < 8; ++lane) {
-      for (int b = 0; b < 8; ++b) {
-        // power = x^(19937 + 8·lane + b) mod φ; its row is the single bit b of the byte.
-        uint64_t* single = mutable_row(lane, uint64_t{1} << b);
-        std::copy(power.begin(), power.end(), single);
-        times_x(power);
-      }
-      for (uint64_t byte = 3; byte < 256; ++byte) {
-        const uint64_t lowest = byte & (~byte + 1);
-        if (lowest == byte) {
-          continue;
-        }
-        const uint64_t* rest = row(lane, byte ^ lowest);
-        const uint64_t* bit_row = row(lane, lowest);
-        uint64_t* out = mutable_row(lane, byte);
-        for (size_t w = 0; w < kPolyWords; ++w) {
-          out[w] = rest[w] ^ bit_row[w];
-        }
-      }
-    }
-  }
-
-  uint64_t* mutable_row(int lane, uint64_t byte) {
-    return rows_.data() + (static_cast<size_t>(lane) * 256 + byte) * kPolyWords;
-  }
-
-  // p · x mod φ for p of degree < 19937, while only the x^19937 row exists (lane 0, byte 1).
-  void times_x(Poly& p) const {
-    const bool overflow = bit(p, kDegree - 1);
-    for (size_t w = kPolyWords; w-- > 0;) {
-      p[w] = (p[w] << 1) | (w > 0 ? p[w - 1] >> 63 : 0);
-    }
-    if (overflow) {
-      flip(p, kDegree);
-      const uint64_t* x_degree = row(0, 1);
-      for (size_t w = 0; w < kPolyWords; ++w) {
-        p[w] ^= x_degree[w];
-      }
-    }
-  }
-
-  std::vector<uint64_t> rows_;
+// Where a term x^t of φ puts bits folded from x^19968 on: word and shift of x^(t + 31).
+struct FoldTerm {
+  int word;
+  unsigned shift;
 };
 
-const Characteristic& characteristic() {
-  static const Characteristic phi;
-  return phi;
+// φ's lower terms as fold targets, ordered by shift, so that a fold shifts its words once per
+// distinct shift (55 of them) rather than once per term.
+constexpr std::array<FoldTerm, kLowTerms> fold_terms() {
+  std::array<FoldTerm, kLowTerms> terms{};
+  for (int k = 0; k < kLowTerms; ++k) {
+    const int at = kPhiExponents[k] + (kAlmostDegree - kDegree);
+    FoldTerm term{at / 64, static_cast<unsigned>(at % 64)};
+    int i = k;
+    for (; i > 0 && terms[i - 1].shift > term.shift; --i) {
+      terms[i] = terms[i - 1];
+    }
+    terms[i] = term;
+  }
+  return terms;
+}
+constexpr std::array<FoldTerm, kLowTerms> kFoldTerms = fold_terms();
+
+// out[0..words] = the `words` words of h, shifted up by `shift` bits (< 64).
+template <int words>
+void shift_up(const uint64_t* h, unsigned shift, uint64_t* out) {
+  if (shift == 0) {
+    std::copy(h, h + words, out);
+    out[words] = 0;
+    return;
+  }
+  out[0] = h[0] << shift;
+  for (int i = 1; i < words; ++i) {
+    out[i] = (h[i] << shift) | (h[i - 1] >> (64 - shift));
+  }
+  out[words] = h[words - 1] >> (64 - shift);
 }
 
-constexpr uint64_t kTopWordMask = (uint64_t{1} << (kDegree % 64)) - 1;
-
-// The 64 bits of `p` from bit `first` on (zeros past its end).
-uint64_t bits_from(const Poly& p, size_t first) {
-  const size_t word = first / 64;
-  const unsigned shift = first % 64;
-  const uint64_t low = word < p.size() ? p[word] : 0;
-  const uint64_t high = word + 1 < p.size() ? p[word + 1] : 0;
-  return shift == 0 ? low : (low >> shift) | (high << (64 - shift));
-}
-
-// p mod φ, for p of degree < 2·19937 (Note [Reduction modulo φ by byte tables]).
-void reduce(Poly& p) {
-  const Characteristic& phi = characteristic();
-  const size_t bits = p.size() * 64;
-  for (size_t m = bits > kDegree ? (bits - kDegree + 63) / 64 : 0; m-- > 0;) {
-    const uint64_t group = bits_from(p, kDegree + 64 * m);
-    if (group == 0) {
-      continue;
-    }
-    const uint64_t* r[8];
-    for (int lane = 0; lane < 8; ++lane) {
-      r[lane] = phi.row(lane, (group >> (8 * lane)) & 0xff);
-    }
-    // A nonzero group lies inside p, so the row's nonzero bits (below it) do too.
-    const size_t words = std::min(kPolyWords, p.size() - m);
-    uint64_t* out = p.data() + m;
-    for (size_t w = 0; w < words; ++w) {
-      out[w] ^= r[0][w] ^ r[1][w] ^ r[2][w] ^ r[3][w] ^ r[4][w] ^ r[5][w] ^ r[6][w] ^ r[7][w];
+// p mod φ, almost reduced, for p of degree < 2·19968 (Note [Reduction modulo φ by its terms]).
+void fold(Product& p, Poly& out) {
+  for (int f = kFolds; f-- > 0;) {
+    uint64_t* folded = p.data() + kWords + f * kFoldWords;
+    uint64_t h[kFoldWords];
+    std::copy(folded, folded + kFoldWords, h);
+    std::fill(folded, folded + kFoldWords, 0);
+    uint64_t* base = p.data() + f * kFoldWords;
+    uint64_t shifted[kFoldWords + 1];
+    for (int k = 0; k < kLowTerms;) {
+      const unsigned shift = kFoldTerms[k].shift;
+      shift_up<kFoldWords>(h, shift, shifted);
+      for (; k < kLowTerms && kFoldTerms[k].shift == shift; ++k) {
+        uint64_t* dst = base + kFoldTerms[k].word;
+        for (int i = 0; i <= kFoldWords; ++i) {
+          dst[i] ^= shifted[i];
+        }
+      }
     }
   }
-  p.resize(kPolyWords);
-  p[kPolyWords - 1] &= kTopWordMask;
+  std::copy(p.begin(), p.begin() + kWords, out.begin());
+}
+
+// Almost reduced p mod φ, fully reduced (degree < 19937).
+void finish(Poly& p) {
+  constexpr unsigned kTopShift = kDegree % 64;
+  const uint64_t group = p[kWords - 1] >> kTopShift;
+  p[kWords - 1] &= (uint64_t{1} << kTopShift) - 1;
+  for (int k = 0; k < kLowTerms; ++k) {
+    const int at = kPhiExponents[k];
+    uint64_t shifted[2];
+    shift_up<1>(&group, at % 64, shifted);
+    p[at / 64] ^= shifted[0];
+    p[at / 64 + 1] ^= shifted[1];
+  }
 }
 
 uint64_t spread(uint32_t x) {
@@ -260,79 +145,138 @@ uint64_t spread(uint32_t x) {
   return v;
 }
 
-// x^k mod φ.
+// x^k mod φ: square-and-multiply from the highest bits of k, which give a power of x below 19968
+// without any reduction.
 Poly x_power_mod(uint64_t k) {
-  Poly g(kPolyWords, 0);
-  g[0] = 1;
-  for (int b = 63; b >= 0; --b) {
-    Poly square(2 * kPolyWords, 0);
-    for (size_t w = 0; w < kPolyWords; ++w) {
+  int low_bits = 0;
+  while ((k >> low_bits) >= static_cast<uint64_t>(kAlmostDegree)) {
+    ++low_bits;
+  }
+  Poly g{};
+  const uint64_t start = k >> low_bits;
+  g[start / 64] = uint64_t{1} << (start % 64);
+  Product square{};
+  for (int b = low_bits - 1; b >= 0; --b) {
+    for (int w = 0; w < kWords; ++w) {
       square[2 * w] = spread(static_cast<uint32_t>(g[w]));
       square[2 * w + 1] = spread(static_cast<uint32_t>(g[w] >> 32));
     }
-    reduce(square);
-    g = std::move(square);
-    if ((k >> b) & 1u) {
-      Poly shifted(kPolyWords + 1, 0);
-      for (size_t w = 0; w < kPolyWords; ++w) {
-        shifted[w] |= g[w] << 1;
-        shifted[w + 1] |= g[w] >> 63;
+    if ((k >> b) & 1u) {  // times x: the square has degree < 2·19968 − 1
+      for (int w = 2 * kWords - 1; w > 0; --w) {
+        square[w] = (square[w] << 1) | (square[w - 1] >> 63);
       }
-      reduce(shifted);
-      g = std::move(shifted);
+      square[0] <<= 1;
     }
+    fold(square, g);
   }
+  finish(g);
   return g;
 }
 
-// The window `steps` words further along the recurrence.
-Window advance_window(const Window& window, uint64_t steps) {
-  Ring ring(window);
-  constexpr uint64_t kShortJump = 16 * kN;
-  if (steps <= kShortJump) {
-    for (uint64_t i = 0; i < steps; ++i) {
-      ring.step();
+uint32_t next_word(uint32_t x0, uint32_t x1, uint32_t x397) {
+  const uint32_t y = (x0 & kUpper) | (x1 & kLower);
+  return x397 ^ (y >> 1) ^ ((x1 & 1u) ? kMatrixA : 0u);
+}
+
+using Window = std::array<uint32_t, kN>;
+
+// Consecutive words of the recurrence in one array, the current 624 at the end, so that a step
+// appends a word and adding a window is one contiguous XOR. Moves its last window to the front
+// when full.
+class Sequence {
+ public:
+  explicit Sequence(const Window& w) : words_(kN + kRoom) {
+    std::copy(w.begin(), w.end(), words_.begin());
+  }
+
+  void step() {
+    if (start_ + kN == words_.size()) {
+      std::copy(words_.end() - kN, words_.end(), words_.begin());
+      start_ = 0;
     }
-    return ring.window();
+    uint32_t* x = words_.data() + start_;
+    x[kN] = next_word(x[0], x[1], x[kM]);
+    ++start_;
   }
-  // One step first: the low 31 bits of the window's first word never influence the future, so
-  // only after a step does the window lie in the space φ annihilates (Note [MT19937 jump-ahead]).
-  ring.step();
-  const Window start = ring.window();
-  const Poly g = x_power_mod(steps - 1);
-  // Horner's rule a byte of g at a time (a sliding window): acc ← F^8·acc + (byte)(F)·start, with
-  // the 256 combinations of F^0..F^7 applied to start tabled first. 8 steps and one add per byte
-  // instead of one add per set bit.
-  std::vector<Window> table(256);
-  std::array<Window, 8> powers;
-  Ring walker(start);
-  for (auto& power : powers) {
-    power = walker.window();
-    walker.step();
-  }
-  table[0].fill(0);
-  for (size_t byte = 1; byte < 256; ++byte) {
-    const size_t lowest = byte & (~byte + 1);
-    const Window& rest = table[byte ^ lowest];
-    const Window& power = powers[__builtin_ctzll(lowest)];
+  void add(const uint32_t* w) {
+    uint32_t* x = words_.data() + start_;
     for (int i = 0; i < kN; ++i) {
-      table[byte][i] = rest[i] ^ power[i];
+      x[i] ^= w[i];
     }
   }
-  Ring acc;
+  const uint32_t* window() const { return words_.data() + start_; }
+  Window window_copy() const {
+    Window w;
+    std::copy(window(), window() + kN, w.begin());
+    return w;
+  }
+
+ private:
+  static constexpr size_t kRoom = 16 * kN;
+  std::vector<uint32_t> words_;
+  size_t start_ = 0;
+};
+
+// g(F)·start, F the recurrence's step, by Horner's rule a byte of g at a time (a sliding window):
+// acc ← F^8·acc + (byte)(F)·start, with the 256 combinations of F^0..F^7 applied to start tabled
+// first. 8 steps and one add per byte instead of one add per set bit.
+// The adds are most of its time, and they vectorize: it is compiled for AVX2 as well, which halves
+// it where the CPU has it (the bits are the same either way).
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+Window
+apply_polynomial(const Poly& g, const Window& start) {
+  std::vector<uint32_t> table(256 * kN, 0);
+  Sequence powers(start);
+  for (int b = 0; b < 8; ++b) {
+    std::copy(powers.window(), powers.window() + kN, table.begin() + (size_t{1} << b) * kN);
+    powers.step();
+  }
+  for (size_t byte = 3; byte < 256; ++byte) {
+    const size_t lowest = byte & (~byte + 1);
+    if (lowest == byte) {
+      continue;
+    }
+    const uint32_t* rest = table.data() + (byte ^ lowest) * kN;
+    const uint32_t* power = table.data() + lowest * kN;
+    uint32_t* out = table.data() + byte * kN;
+    for (int i = 0; i < kN; ++i) {
+      out[i] = rest[i] ^ power[i];
+    }
+  }
+  Sequence acc(Window{});
   for (size_t chunk = (kDegree + 7) / 8; chunk-- > 0;) {
     for (int i = 0; i < 8; ++i) {
       acc.step();
     }
     const uint64_t byte = (g[chunk / 8] >> (8 * (chunk % 8))) & 0xff;
     if (byte != 0) {
-      acc.add(table[byte]);
+      acc.add(table.data() + byte * kN);
     }
   }
-  return acc.window();
+  return acc.window_copy();
+}
+
+// The window `steps` words further along the recurrence.
+Window advance_window(const Window& window, uint64_t steps) {
+  Sequence sequence(window);
+  constexpr uint64_t kShortJump = 16 * kN;
+  if (steps <= kShortJump) {
+    for (uint64_t i = 0; i < steps; ++i) {
+      sequence.step();
+    }
+    return sequence.window_copy();
+  }
+  // One step first: the low 31 bits of the window's first word never influence the future, so
+  // only after a step does the window lie in the space φ annihilates (Note [MT19937 jump-ahead]).
+  sequence.step();
+  return apply_polynomial(x_power_mod(steps - 1), sequence.window_copy());
 }
 
 }  // namespace
+
+const std::array<uint16_t, 135>& mt19937_characteristic_exponents() { return kPhiExponents; }
 
 void mt19937_discard(at::mt19937& engine, uint64_t draws) {
   if (draws == 0) {

@@ -3,6 +3,7 @@
 #include <torchdefer/rng_anchors.h>
 
 #include <atomic>
+#include <typeinfo>
 
 namespace torchdefer {
 namespace {
@@ -95,7 +96,11 @@ const RecordedFake* recorded(const at::TensorBase& t) {
   if (impl == nullptr) {
     return nullptr;
   }
-  return dynamic_cast<const RecordedFake*>(impl->annotation().get());
+  // RecordedFake is final: its exact type decides (see fake_impl).
+  const FakeAnnotation* annotation = impl->annotation().get();
+  return annotation != nullptr && typeid(*annotation) == typeid(RecordedFake)
+             ? static_cast<const RecordedFake*>(annotation)
+             : nullptr;
 }
 
 int64_t detail::live_recorded_nodes() { return live_nodes.load(); }

@@ -47,6 +47,33 @@ TEST(Mt19937Jump, MatchesDrawingForLongJumps) {
   }
 }
 
+// The generator's untempered words from `seed`: the seeded state, then `more` words of the
+// recurrence.
+std::vector<uint32_t> untempered_words(uint64_t seed, int more) {
+  const at::mt19937_data_pod pod = at::mt19937(seed).data();
+  std::vector<uint32_t> words(pod.state_.begin(), pod.state_.end());
+  for (int i = 0; i < more; ++i) {
+    const size_t k = words.size() - 624;
+    const uint32_t y = (words[k] & 0x80000000u) | (words[k + 1] & 0x7fffffffu);
+    words.push_back(words[k + 397] ^ (y >> 1) ^ ((words[k + 1] & 1u) ? 0x9908b0dfu : 0u));
+  }
+  return words;
+}
+
+TEST(Mt19937Jump, CharacteristicPolynomialAnnihilatesEveryBitOfTheGeneratorsWords) {
+  const auto& exponents = mt19937_characteristic_exponents();
+  ASSERT_EQ(exponents.back(), 19937);
+  const std::vector<uint32_t> words = untempered_words(5489, 19937 + 2000);
+  // The first word's low 31 bits never reach the future, so the relation holds from word 1 on.
+  for (size_t offset = 1; offset + 19937 < words.size(); offset += 7) {
+    uint32_t sum = 0;
+    for (const uint16_t e : exponents) {
+      sum ^= words[offset + e];
+    }
+    ASSERT_EQ(sum, 0u) << "at word " << offset;
+  }
+}
+
 TEST(Mt19937Jump, ComposesWithItself) {
   at::mt19937 once(7);
   at::mt19937 twice(7);

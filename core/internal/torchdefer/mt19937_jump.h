@@ -5,6 +5,7 @@
 
 #include <ATen/core/MT19937RNGEngine.h>
 
+#include <array>
 #include <cstdint>
 
 namespace torchdefer {
@@ -16,13 +17,18 @@ namespace torchdefer {
 // MT19937's untempered words follow a linear recurrence over GF(2) whose characteristic
 // polynomial φ has degree 19937; jumping K words ahead applies x^K mod φ to the state
 // (Haramoto, Matsumoto, L'Ecuyer, "Efficient jump ahead for F2-linear random number generators",
-// 2008). φ is found once per process by Berlekamp–Massey on the generator's own output (a few
-// tens of ms, with the reduction tables of Note [Reduction modulo φ by byte tables]), x^K mod φ by
-// square-and-multiply (log2 K squarings of a 19937-bit polynomial), and the jump by Horner's rule
-// a byte of x^K mod φ at a time on a 624-word window. PyTorch's engine regenerates its state a
-// block of 624 words at a time; a jump moves whole blocks this way and sets the position inside
-// the block. A jump costs a few milliseconds, growing with log K (BM_Mt19937Jump in
-// bench/micro); short ones just run the recurrence.
+// 2008). φ has 135 terms and is a constant of this library (found once by Berlekamp–Massey on the
+// generator's output, and checked against it by a test); x^K mod φ comes from square-and-multiply
+// (log2 K − 14 squarings of a 19937-bit polynomial, each reduced by φ's terms: Note [Reduction
+// modulo φ by its terms]), and the jump from Horner's rule a byte of x^K mod φ at a time on a
+// 624-word window. PyTorch's engine regenerates its state a block of 624 words at a time; a jump
+// moves whole blocks this way and sets the position inside the block. A jump costs well under a
+// millisecond, growing with log K (BM_Mt19937Jump in bench/micro); short ones just run the
+// recurrence.
 void mt19937_discard(at::mt19937& engine, uint64_t draws);
+
+// The exponents of φ's nonzero terms, ascending (Note [MT19937 jump-ahead]), for the test that
+// checks them against the generator.
+const std::array<uint16_t, 135>& mt19937_characteristic_exponents();
 
 }  // namespace torchdefer
