@@ -252,16 +252,19 @@ def cell_row(cell: Dict[str, Any], labels: Dict[str, str]) -> str:
     if cell["status"] != "measured":
         what = (f"not run: needs {cell['estimate_total_bytes'] / 2**30:.1f} GiB" if cell["status"] == "needs"
                 else f"failed: {cell['error'].splitlines()[-1][:120]}")
-        return f"| {title} | {cell['way']} | {what} | | | | | | |"
+        return f"| {title} | {cell['way']} | {what} | | | | | | | | |"
     ranks = cell["ranks"]
     growth = [dict(g=r["peak_rss_bytes"] - r["baseline_rss_bytes"]) for r in ranks]
+    above_local = [dict(g=g["g"] - r["local_parameter_bytes"]) for g, r in zip(growth, ranks)]
+    peaks_gib = sum(r["peak_rss_bytes"] for r in ranks) / 2**30
     recording = "—"
     if "record_s" in ranks[0]:
         recording = (per_rank([dict(g=r["record_peak_rss_bytes"] - r["baseline_rss_bytes"]) for r in ranks], "g", mib)
                      + f"; {max(r['record_s'] for r in ranks):.2f} s")
     load = f"{cell['load_average']:.1f}–{cell['load_average_end']:.1f}"
     return (f"| {title} | {cell['way']} | {per_rank(ranks, 'local_parameter_bytes', mib)} | "
-            f"{per_rank(ranks, 'peak_rss_bytes', mib)} | {per_rank(growth, 'g', mib)} | {recording} | "
+            f"{per_rank(ranks, 'peak_rss_bytes', mib)} | {peaks_gib:.1f} | {per_rank(growth, 'g', mib)} | "
+            f"{per_rank(above_local, 'g', mib)} | {recording} | "
             f"{per_rank(ranks, 'wall_s', lambda s: f'{s:.1f}')} | {load} | {labels.get(ranks[0]['digest'], '—')} |")
 
 
@@ -330,13 +333,16 @@ def section(results: Dict[str, Any]) -> str:
         "1 MiB or more); each rank first builds a small model the same way, then the measured one. Values "
         "are per rank, rank 0 first, in MiB: *peak RSS* is the rank's `VmHWM` over the build (reset "
         "through `/proc/self/clear_refs` when it starts), libraries and the forked parent's pages included; "
-        "*growth* is that peak above the RSS just before the build; *recording* is torchdefer's "
+        "*all ranks* is the sum of the ranks' peaks, in GiB; *growth* is a rank's peak above its RSS just "
+        "before the build, and *over local* that growth less the rank's local parameters (what the way "
+        "holds beyond what it keeps); *recording* is torchdefer's "
         "`deferred_init` on its own (its peak growth, and its time, slowest rank). *Time* runs from the start of "
         "the build to initialized weights. *Weights*: a letter per distinct SHA-256 of all parameters and "
         "buffers, all-gathered after the measurement: one letter, bitwise the same weights.",
         "",
-        "| layout | way | local parameters | peak RSS (VmHWM) | growth | recording | time (s) | load | weights |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| layout | way | local parameters | peak RSS (VmHWM) | all ranks | growth | over local | recording | time (s) "
+        "| load | weights |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *[cell_row(c, labels) for c in results["cells"]],
         "",
     ]
