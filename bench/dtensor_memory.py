@@ -30,9 +30,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import torchdefer
-from process_memory import reset_peak, status_kib
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+# Run as a script or imported as bench.dtensor_memory (by bench/harness/distributed.py).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from process_memory import reset_peak, status_kib  # noqa: E402
 from llama import Config, Llama, fully_shard_llama, tensor_parallel  # noqa: E402
 
 WAYS = ["torchdefer", "meta", "broadcast"]
@@ -50,14 +52,20 @@ def lay_out(model, layout, world):
     fully_shard_llama(model, mesh["dp"])
 
 
-def build(way, cfg, layout, world):
+def end_recording():
+    RECORDING_PEAK_KIB[0] = status_kib("VmHWM") - RSS_BEFORE_KIB[0]
+    reset_peak()  # from here on: the layout and the materialization
+
+
+def build(way, cfg, layout, world, after_recording=end_recording):
+    """Builds the Llama of `cfg` laid out on `world` ranks, initialized `way`; for torchdefer,
+    calls `after_recording()` between deferred_init and the layout."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     torch.manual_seed(0)
     if way == "torchdefer":
         model = torchdefer.deferred_init(Llama, cfg)
-        RECORDING_PEAK_KIB[0] = status_kib("VmHWM") - RSS_BEFORE_KIB[0]
-        reset_peak()  # from here on: the layout and the materialization
+        after_recording()
         lay_out(model, layout, world)
         torchdefer.materialize_module(model)
         return model

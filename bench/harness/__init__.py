@@ -5,4 +5,5 @@ strategy.py  the Python strategies, one per process (the C++ ones: bench/strateg
 plan.py      the strategies and the memory estimate that decides what fits this machine
 models.py    the Llama shapes, as torch.nn and transformers models
 report.py    JSON, Markdown, plot, machine description, Google Benchmark table
+distributed.py  per-rank memory and time under DTensor layouts (FSDP2, FSDP2 x TP) over Gloo
 """

@@ -384,10 +384,20 @@ def markdown(results: Dict[str, Any], plot_name: str) -> str:
     return "\n".join(parts) + "\n"
 
 
+# Sections other harnesses append to the page, each between its own marker comments starting so
+# (bench/harness/distributed.py's): the page is rewritten in front of them and they are kept.
+OTHER_SECTIONS = "<!-- bench.harness."
+
+
+def other_sections(page: Path) -> str:
+    text = page.read_text() if page.exists() else ""
+    return "\n" + text[text.index(OTHER_SECTIONS):] if OTHER_SECTIONS in text else ""
+
+
 def write(results: Dict[str, Any], paths: Paths) -> None:
     for p in (paths.json, paths.markdown, paths.plot):
         p.parent.mkdir(parents=True, exist_ok=True)
     paths.json.write_text(json.dumps(results, indent=1) + "\n")
     plot(results["rows"], paths.plot, results["machine"]["memory_bytes"])
     plot_name = os.path.relpath(paths.plot, paths.markdown.parent)
-    paths.markdown.write_text(markdown(results, plot_name))
+    paths.markdown.write_text(markdown(results, plot_name) + other_sections(paths.markdown))

@@ -125,3 +125,46 @@ def test_driver_end_to_end(tmp_path):
     assert "BM_Fixture/items_median" in page and "![peak memory vs model size](peak_memory.png)" in page
     assert (tmp_path / "peak_memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| tiny | 107 K | cpp-deferred-shard |" in done.stdout  # the table is printed too
+
+
+def test_distributed_entry_point_measures_every_way_and_gets_the_counter_model(tmp_path):
+    from bench.dtensor_memory import Llama
+    from bench.harness import distributed
+
+    shape = distributed.Shape(dim=48, layers=1, heads=4, hidden=100, vocab=101)
+    sizes = [f"--{name}={value}" for name, value in vars(shape).items()]
+    command = [sys.executable, "-m", "bench.harness.distributed", *sizes, "--layouts", "fsdp2-w2", "--out", str(tmp_path)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BUILD / "python"), str(REPO)]))
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [(c["layout"], c["way"], c["status"]) for c in results["cells"]] == [
+        ("fsdp2-w2", way, "measured") for way in ["torchdefer", "meta", "broadcast"]]
+    for cell in results["cells"]:
+        ranks = cell["ranks"]
+        assert [r["rank"] for r in ranks] == [0, 1]
+        # Every parameter is split between the two ranks, nothing held twice (the sizes do not divide).
+        assert sum(r["local_parameter_bytes"] for r in ranks) == shape.parameters() * 4
+        assert all(r["peak_rss_bytes"] >= r["baseline_rss_bytes"] > 0 and r["wall_s"] > 0 for r in ranks)
+        assert ranks[1]["digest"] is None  # rank 0 hashes the all-gathered weights
+    assert "record_s" in results["cells"][0]["ranks"][0] and "record_s" not in results["cells"][1]["ranks"][0]
+    digests = {c["way"]: c["ranks"][0]["digest"] for c in results["cells"]}
+
+    torch.manual_seed(0)
+    counter = torchdefer.deferred_init(Llama, shape.config())
+    torchdefer.materialize_module(counter, rng="counter")
+    assert sum(p.numel() for p in counter.parameters()) == shape.parameters()
+    assert digests["torchdefer"] == distributed.weights_digest(counter)
+    torch.manual_seed(0)
+    assert digests["broadcast"] == distributed.weights_digest(Llama(shape.config()))  # eager's weights
+
+    page = (tmp_path / "results.md").read_text()
+    assert page.startswith(distributed.BEGIN) and page.rstrip().endswith(distributed.END)
+    assert "| FSDP2, W = 2 | torchdefer | " in page and "| FSDP2, W = 2 | broadcast | " in page
+    assert "- **torchdefer**: the same weights under every layout measured (FSDP2, W = 2: A)." in page
+    # bench.harness.run rewrites the page in front of the section and keeps it.
+    docs = tmp_path / "benchmarks.md"
+    distributed.write_section(docs, page)
+    distributed.write_section(docs, page)  # replaced, not appended twice
+    assert docs.read_text().count(distributed.BEGIN) == 1
+    assert report.other_sections(docs) == "\n" + page
