@@ -195,7 +195,20 @@ def test_trunc_normal_after_return_is_one_recorded_operator():
     assert [step.split("(")[0] for step in steps] == ["empty", "uniform_", "trunc_normal_"]
 
 
-def test_depth_init_off_and_a_block_built_after_the_model():
+def test_trunc_normal_under_a_torch_function_mode_is_the_same_operator():
+    torch.manual_seed(1)
+    expected = nn.Linear(4, 3)
+    nn.init.trunc_normal_(expected.weight, std=0.5)
+    torch.manual_seed(1)
+    model = torchdefer.deferred_init(nn.Linear, 4, 3)
+    with torch.device("cpu"):  # a mode that forwards the sampler's calls to the fake's class
+        nn.init.trunc_normal_(model.weight, std=0.5)
+    assert torchdefer.explain(model.weight).endswith("trunc_normal_(0, 0.5, -2, 2)")
+    torchdefer.materialize_module(model)
+    assert_bitwise(expected, model)
+
+
+def test_init_std_by_layer_count_instead_of_depth_gives_the_same():
     args = ModelArgs(depth_init=False, n_layers=2)
     expected, expected_next = eager(5, args)
     model = deferred(5, args)
