@@ -44,14 +44,21 @@ The class goes back to what the model built (``nn.Parameter``, or ``torch.Tensor
 tensor turns real: every materialization (``materialize_module``, ``materialize_tensor``,
 torchdistX's, DTensor layouts) goes through :func:`materialize_named`, which restores the class
 of each tensor it made real, so ``type(p) is nn.Parameter`` holds again and a real tensor never
-pays for a Python ``__torch_function__``. Torch's own ``UninitializedParameter`` works the same
-way (a Parameter subclass with its own ``__torch_function__``, whose ``materialize()`` sets the
-class to ``Parameter``).
+pays for a Python ``__torch_function__``; one made real in place another way (``p.data = real``)
+gets it back in the call that did it. Torch's own ``UninitializedParameter`` works the same way
+(a Parameter subclass with its own ``__torch_function__``, whose ``materialize()`` sets the class
+to ``Parameter``).
 
 What this changes, until the tensor is real: ``type(p)`` is ``DeferredParameter`` (``isinstance(p,
 nn.Parameter)`` and ``isinstance(p, torch.Tensor)`` hold, ``type(p) is nn.Parameter`` does not),
-and each torch call taking it costs a Python call. Nothing in torch is patched and no mode is
-active: other tensors, other threads and ``import torchdefer`` see nothing
+each torch call taking it costs a Python call, and a torch-function mode of the user's sees the
+class in ``types`` (and plain tensors as results). Code that rebuilds a parameter through its
+class, ``type(p)(data)`` (``copy.deepcopy``, accelerate's ``set_module_tensor_to_device``), gets
+an ``nn.Parameter``, as before: a real tensor never gets the class, and a copy is a fake of the
+kind computed after return. What model code does with parameters before materializing
+(parametrizations, ``to(dtype)``, tying, ``load_state_dict``, hooks, optimizers) gives eager's
+model with eager's classes (tests/python/test_after_return.py). Nothing in torch is patched and
+no mode is active: other tensors, other threads and ``import torchdefer`` see nothing
 (tests/python/test_torch_untouched.py).
 """
 
@@ -86,7 +93,9 @@ def _torch_function(cls, func, types, args=(), kwargs=None):
         if func is _TensorBase.new:
             return _making_a_fake(_recording._new, func, args, kwargs)
         result = func(*args, **kwargs)
-        if _is_getter_of(func, _DATA):
+        if args and type(args[0]) in _BUILT and not _C.is_fake(args[0]):
+            _restore(args[0])  # made real in place: `p.data = real`, `p.set_(real)`
+        elif _is_getter_of(func, _DATA):
             _hand_out_tensor(result)
         elif func is _TensorBase.detach and _called_by_parameter_new(sys._getframe(1)):
             result.__class__ = type(args[0])  # Parameter.__new__ requires detach() to keep it
@@ -122,6 +131,11 @@ class DeferredParameter(torch.nn.Parameter):
     ``nn.Parameter`` again (Note [Handed-out fakes after deferred_init])."""
 
     __torch_function__ = classmethod(_torch_function)
+
+    def __new__(cls, data: Any = None, requires_grad: bool = True) -> torch.nn.Parameter:
+        # Code that rebuilds a parameter through its class (copy.deepcopy, accelerate's
+        # `type(p)(value)`) gets the class the model built, as before the fake was handed out.
+        return torch.nn.Parameter(data, requires_grad)
 
 
 _HANDED_OUT = {torch.Tensor: DeferredTensor, torch.nn.Parameter: DeferredParameter}

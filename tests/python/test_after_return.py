@@ -10,7 +10,9 @@ model's slices (counter mode, sharded), and every parameter is an ``nn.Parameter
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import io
 import threading
 from typing import Optional
 
@@ -18,6 +20,8 @@ import pytest
 import torch
 import torchdefer
 from torch import nn
+from torch.nn.utils import parametrize
+from torchdefer import _after_return
 
 from test_distributed import run_ranks
 from test_torchdefer import bitwise_equal
@@ -386,6 +390,196 @@ def test_nothing_is_left_active_and_other_tensors_see_nothing():
     thread.join()
     assert not errors
     assert torchdefer.explain(model.layers["0"].attention.wq.weight).count("trunc_normal_(") == 2
+
+
+# --- what other code does with a handed-out fake before it is real ------------------------------
+#
+# Each of these worked on deferred_init's fakes before they carried a class of their own; they
+# give the same model now, and every tensor ends with the class eager gives it.
+
+
+class Symmetric(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.triu() + x.triu(1).transpose(-1, -2)
+
+
+class Halved(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def right_inverse(self, x: torch.Tensor) -> torch.Tensor:
+        return x / 2
+
+
+class WithBuffers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.other = nn.Linear(4, 4, bias=False)
+        self.register_buffer("running", torch.randn(4))
+        self.marked = nn.Buffer(torch.rand(2))  # a Buffer: isinstance(t, nn.Buffer) holds
+
+
+def _a_checkpoint() -> dict:
+    torch.manual_seed(123)
+    return WithBuffers().state_dict()
+
+
+def _register_elsewhere(model: nn.Module) -> None:
+    model.other.register_parameter("shared", model.lin.weight)
+
+
+EDITS = {
+    "parametrize": lambda m: parametrize.register_parametrization(m.lin, "weight", Symmetric()),
+    "parametrize with right_inverse": lambda m: parametrize.register_parametrization(
+        m.other, "weight", Halved()
+    ),
+    "weight_norm": lambda m: nn.utils.parametrizations.weight_norm(m.lin),
+    "spectral_norm": lambda m: nn.utils.parametrizations.spectral_norm(m.other),  # draws u and v
+    "to float64": lambda m: m.to(torch.float64),
+    "half": lambda m: m.half(),
+    "register_parameter": _register_elsewhere,
+    "tie": lambda m: setattr(m.other, "weight", m.lin.weight),
+    "load_state_dict": lambda m: m.load_state_dict(_a_checkpoint()),
+    "load_state_dict assign, in part": lambda m: m.load_state_dict(
+        {"lin.weight": _a_checkpoint()["lin.weight"]}, strict=False, assign=True
+    ),
+}
+
+
+def classes(model: nn.Module):
+    return [(n, type(t)) for n, t in (*model.named_parameters(), *model.named_buffers())]
+
+
+@pytest.mark.parametrize("name", list(EDITS))
+def test_module_edits_before_materializing_give_eagers_model_and_classes(name):
+    torch.manual_seed(6)
+    expected = WithBuffers()
+    EDITS[name](expected)
+    expected_next = torch.rand(3)
+    torch.manual_seed(6)
+    model = torchdefer.deferred_init(WithBuffers)
+    EDITS[name](model)
+    def kinds(m):
+        return [(n, isinstance(t, nn.Parameter)) for n, t in m.state_dict(keep_vars=True).items()]
+
+    assert kinds(model) == kinds(expected)
+    torchdefer.materialize_module(model)
+    assert torch.equal(torch.rand(3), expected_next)
+    assert_bitwise(expected, model)
+    assert classes(model) == classes(expected)
+
+
+def test_state_dict_before_materializing_has_eagers_keys_and_plain_tensors():
+    expected = WithBuffers()
+    model = torchdefer.deferred_init(WithBuffers)
+    state = model.state_dict()
+    assert list(state) == list(expected.state_dict())
+    assert all(type(v) is torch.Tensor and torchdefer.is_fake(v) for v in state.values())
+    kept = model.state_dict(keep_vars=True)
+    assert kept["lin.weight"] is model.lin.weight and kept["running"] is model.running
+    def buffer_checks(m):
+        return [isinstance(t, nn.Buffer) for t in (m.running, m.marked, m.lin.weight)]
+
+    assert buffer_checks(model) == buffer_checks(expected) == [False, True, False]
+    torchdefer.materialize_module(model)
+    assert buffer_checks(model) == buffer_checks(expected)
+
+
+def test_copies_and_rebuilds_of_a_parameter_are_nn_parameters_as_before():
+    torch.manual_seed(8)
+    expected = copy.deepcopy(nn.Linear(4, 3))
+    torch.manual_seed(8)
+    copied = copy.deepcopy(torchdefer.deferred_init(nn.Linear, 4, 3))
+    assert type(copied.weight) is nn.Parameter and torchdefer.is_fake(copied.weight)
+    torchdefer.materialize_module(copied)
+    assert_bitwise(expected, copied)
+    # accelerate's set_module_tensor_to_device rebuilds a parameter as type(p)(value).
+    from accelerate.utils import set_module_tensor_to_device
+
+    model = torchdefer.deferred_init(nn.Linear, 4, 3)
+    rebuilt = type(model.weight)(torch.ones(2), requires_grad=False)
+    assert type(rebuilt) is nn.Parameter and not rebuilt.requires_grad
+    set_module_tensor_to_device(model, "weight", "cpu", value=torch.ones(3, 4))
+    assert type(model.weight) is nn.Parameter and not torchdefer.is_fake(model.weight)
+    torchdefer.materialize_module(model)
+    assert torch.equal(model.weight, torch.ones(3, 4)) and type(model.bias) is nn.Parameter
+
+
+def test_a_handed_out_fake_made_real_in_place_gets_its_class_back():
+    model = torchdefer.deferred_init(WithBuffers)
+    model.lin.weight.data = torch.ones(4, 4)
+    model.running.data = torch.zeros(4)
+    assert type(model.lin.weight) is nn.Parameter and type(model.running) is torch.Tensor
+    assert not torchdefer.is_fake(model.lin.weight) and torchdefer.is_fake(model.lin.bias)
+    torchdefer.materialize_module(model)
+    assert torch.equal(model.lin.weight, torch.ones(4, 4))
+    assert_classes_are_what_the_model_built(model)
+
+
+def test_pickling_or_copying_fake_buffers_fails_as_before_and_says_to_materialize():
+    model = torchdefer.deferred_init(WithBuffers)
+    for attempt in (lambda: torch.save(model, io.BytesIO()), lambda: copy.deepcopy(model)):
+        with pytest.raises(RuntimeError, match=r"fake Float\[4\] on cpu.*Materialize it"):
+            attempt()
+    assert torchdefer.is_fake(model.running) and type(model.running) is not torch.Tensor
+
+
+def test_hooks_and_optimizers_set_up_before_materializing_see_the_real_parameters():
+    torch.manual_seed(0)
+    expected = nn.Linear(4, 3)
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(nn.Linear, 4, 3)
+    calls = []
+    model.register_forward_hook(lambda module, inputs, output: calls.append("forward"))
+    model.weight.register_hook(lambda grad: grad * 2)
+    model.weight.register_post_accumulate_grad_hook(lambda p: calls.append("accumulated"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    torchdefer.materialize_module(model)
+    x = torch.randn(2, 4)
+    model(x).sum().backward()
+    expected(x).sum().backward()
+    assert calls == ["forward", "accumulated"]
+    assert torch.equal(model.weight.grad, 2 * expected.weight.grad)
+    optimizer.step()
+    assert optimizer.param_groups[0]["params"][0] is model.weight
+    assert torch.equal(model.weight, expected.weight.detach() - 2 * expected.weight.grad)
+
+
+def test_hugging_face_tie_weights_and_init_weights_after_deferred_init():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=16, bos_token_id=0, eos_token_id=0
+    )
+    torch.manual_seed(3)
+    expected = GPT2LMHeadModel(config)
+    expected.tie_weights()
+    expected.init_weights()
+    torch.manual_seed(3)
+    model = torchdefer.deferred_init(GPT2LMHeadModel, config)
+    model.tie_weights()
+    model.init_weights()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    torchdefer.materialize_module(model)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert_bitwise(expected, model)
+    assert classes(model) == classes(expected)
+
+
+def test_a_torch_function_mode_of_the_users_sees_the_class_and_gets_plain_results():
+    seen = []
+
+    class Spy(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.extend(types)
+            return func(*args, **(kwargs or {}))
+
+    model = torchdefer.deferred_init(nn.Linear, 4, 3)
+    with Spy():
+        doubled = model.weight * 2
+    assert seen == [_after_return.DeferredParameter]
+    assert type(doubled) is torch.Tensor and torchdefer.is_fake(doubled)
 
 
 # --- FSDP2 after init_weights -------------------------------------------------------------------
