@@ -46,7 +46,7 @@ if torch.__version__.split("+")[0] != _BUILT_FOR_TORCH:
 
 from torchdefer import _C  # noqa: E402  (after the check: a mismatched _C may not even load)
 from torchdefer._C import Shard
-from torchdefer import _checkpoint, _dtensor, _guard, _recording
+from torchdefer import _after_return, _checkpoint, _dtensor, _guard, _recording
 from torchdefer._context import deferred
 
 __all__ = [
@@ -164,6 +164,7 @@ def deferred_init(
         result = module_cls_or_callable(*args, **kwargs)
     _guard.guard(result)  # a forward before materializing fails at once (Note [Forgetting to materialize])
     _dtensor.remember(result)  # for DTensors that replace its fakes (Note [DTensor parameters of a deferred model])
+    _after_return.hand_out(result)  # torch.nn.init on its fakes (Note [Handed-out fakes after deferred_init])
     return result
 
 
@@ -412,7 +413,7 @@ def materialize_module(
         if loading:
             loading["module_entries"] = _checkpoint.module_entries(module, _module_tensors)
         with _progress_callback(progress, "tensor" if shard is not None else "op") as callback:
-            stats = _C.materialize_named(
+            stats = _after_return.materialize_named(
                 entries, target, rng, counter_seed, shard, progress=callback, **loading
             )
     _forget_what_is_real(module)
@@ -434,7 +435,7 @@ def materialize_tensor(
     returned untouched. ``device`` and ``rng`` are as for :func:`materialize_module`."""
     _check_tensor("materialize_tensor", tensor)
     _check_options(None, rng, None, None)
-    _C.materialize_named([("tensor", tensor, True)], _target_device(device), rng, None, None)
+    _after_return.materialize_named([("tensor", tensor, True)], _target_device(device), rng, None, None)
     return tensor
 
 

@@ -46,7 +46,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 import torchdefer
-from torchdefer import _C, _module_tree
+from torchdefer import _C, _after_return, _module_tree
 
 # (start, stop) ranges of global indices along one dimension, in the local tensor's order.
 Ranges = List[Tuple[int, int]]
@@ -403,7 +403,7 @@ def materialize(
             (t.name, t.global_fake, isinstance(t.dtensor, torch.nn.Parameter)) for t in targets
         ] + [e for e in entries if e[0] not in names]
     with torchdefer._progress_callback(progress, "tensor") as callback:
-        stats = _C.materialize_named(
+        stats = _after_return.materialize_named(
             entries,
             torchdefer._target_device(device),
             rng,

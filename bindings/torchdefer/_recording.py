@@ -50,7 +50,9 @@ initializes as usual.
 Outside the mode (after ``deferred_init`` returned, after ``fake_mode`` exited) torch's own
 methods run on fakes: ``repr`` of a fake raises torch's value read error, which says how to
 print one (docs/python.md), and ``tolist``/``numpy``/``new_tensor`` raise the fake's "no data"
-error. ``torchdefer.describe(t)`` describes a fake anywhere.
+error. ``torchdefer.describe(t)`` describes a fake anywhere. The fakes deferred_init hands out
+keep this mode's ``new``/``new_tensor`` and ``trunc_normal_`` until they are real, through a
+class of their own (Note [Handed-out fakes after deferred_init] in ``_after_return.py``).
 """
 
 from __future__ import annotations
@@ -133,9 +135,10 @@ def _new_tensor_of(self: torch.Tensor, data: Any, dtype=None, device=None, requi
     # A tensor itself is copied through the dispatcher (recorded); only sequences are read.
     data = data if isinstance(data, torch.Tensor) else _with_values(data)
     values = torch.tensor(data, dtype=self.dtype if dtype is None else dtype)
-    with _C._FakeMode(None):
-        made = torch.empty(values.shape, dtype=values.dtype, device=self.device if device is None else device)
-        made.copy_(values)
+    # Made from `self` by dispatcher ops, so that the result belongs to `self`'s recording also
+    # after deferred_init returned (Note [Handed-out fakes after deferred_init], _after_return.py).
+    made = self.new_empty(values.shape, dtype=values.dtype, device=self.device if device is None else device)
+    made.copy_(values)
     return made.requires_grad_(requires_grad)
 
 
@@ -153,8 +156,7 @@ def _new(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
     if len(sizes) == 1 and isinstance(sizes[0], torch.Size):
         sizes = tuple(sizes[0])
     if all(isinstance(size, int) for size in sizes):
-        with _C._FakeMode(None):
-            return torch.empty(tuple(sizes) if sizes else (0,), dtype=self.dtype, device=device)
+        return self.new_empty(tuple(sizes) if sizes else (0,), dtype=self.dtype, device=device)
     if len(sizes) == 1 and not isinstance(sizes[0], (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
         return _new_tensor_of(self, sizes[0], device=device)
     raise TypeError(
@@ -201,11 +203,19 @@ def _recorded_trunc_normal(frame: types.FrameType) -> bool:
         warnings.warn(
             f"torchdefer: trunc_normal_ with mean {mean} more than 2 std ({std}) outside [{a}, {b}]: "
             "the values drawn may not follow the intended distribution.",
-            stacklevel=4,
+            stacklevel=5,
         )
     with torch.no_grad():
         torch.ops.torchdefer.trunc_normal_(tensor, mean, std, a, b)
     return True
+
+
+def runs_trunc_normal(caller: types.FrameType) -> bool:
+    """Whether an ``is_meta`` read that ``caller`` made is the first look of torch's trunc_normal_
+    sampler at a fake, which has then been run as one recorded torchdefer::trunc_normal_ (True
+    is the sampler's answer)."""
+    caller = _caller_outside_modes(caller)
+    return caller.f_code is _SAMPLER_CODE and _recorded_trunc_normal(caller)
 
 
 def _caller_outside_modes(frame: types.FrameType) -> types.FrameType:
@@ -230,8 +240,7 @@ class FakeTensorFunctions(TorchFunctionMode):
         if type(func) is _METHOD_WRAPPER:
             descriptor = func.__self__
             if descriptor is _IS_META:
-                caller = _caller_outside_modes(sys._getframe(1))
-                if caller.f_code is _SAMPLER_CODE and _recorded_trunc_normal(caller):
+                if runs_trunc_normal(sys._getframe(1)):
                     return True
             elif descriptor is _DATA and func.__name__ == "__set__":
                 _data_setter(args)

@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterator, List, Optional, Set, Tuple, Union
 import torch
 
 import torchdefer
-from torchdefer import _C, _heap, _recording
+from torchdefer import _C, _after_return, _heap, _recording
 
 __all__ = ["install", "is_installed"]
 
@@ -146,7 +146,7 @@ def materialize_module(
                 entries.append((prefix + name, tensor, is_parameter))
     if entries:
         _heap.return_free_memory()  # what the previous unit freed (Note [FSDP1 units and the heap])
-        _C.materialize_named(entries)
+        _after_return.materialize_named(entries)
     # As torchdefer.materialize_module does: so FSDP frees each unit's originals once flattened.
     torchdefer._forget_what_is_real(module)
 

@@ -189,6 +189,12 @@ def check_bitwise(model_type: str, auto: Any, smallest: bool = False) -> None:
     assert eager_state.keys() == deferred_state.keys()
     differ = [k for k, v in eager_state.items() if not bitwise_equal(v, deferred_state[k])]
     assert not differ, f"{model_type}: {len(differ)} of {len(eager_state)} differ: {differ[:5]}"
+    # Real, each tensor has the class eager gives it again (Note [Handed-out fakes after
+    # deferred_init] in bindings/torchdefer/_after_return.py).
+    def classes(model):
+        return [(n, type(t)) for n, t in (*model.named_parameters(), *model.named_buffers())]
+
+    assert classes(deferred) == classes(eager), model_type
 
 
 # Architectures for which no candidate config builds within CAP, and why. They are skipped with

@@ -50,6 +50,7 @@ SNAPSHOT_PROGRAM = textwrap.dedent(
             self.listed = [repr(self.linear.weight), self.linear.weight.tolist()]
 
     model = torchdefer.deferred_init(Model)
+    torch.nn.init.trunc_normal_(model.linear.bias, std=0.1)  # after return: the fake's class
     with torchdefer.fake_mode("cuda"):
         torch.nn.Linear(2, 2)
     torchdefer.materialize_module(model, device="cpu")

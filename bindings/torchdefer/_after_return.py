@@ -1,0 +1,205 @@
+"""The fakes deferred_init hands out, after it returned: torch's Python layer on them, until real.
+
+Note [Handed-out fakes after deferred_init]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Training frameworks build a model first and initialize it afterwards: torchtitan's
+``m = deferred_init(Transformer, args); m.init_weights(); materialize_module(m)``, where
+``init_weights`` calls ``torch.nn.init.trunc_normal_`` on every weight. Operations on a recorded
+fake after deferred_init returned are recorded by the dispatch key the fake carries, and value
+reads replay privately; but torch's Python ``trunc_normal_`` fails before the dispatcher sees
+anything: its sampler calls ``tensor.new_tensor(a, device="cpu")``, and torch's Python binding of
+``new_tensor`` derives the new tensor's options from ``tensor``'s highest dispatch key, which for
+a fake names no device ("DispatchKey DeferredInit doesn't correspond to a device"). While
+recording, the torch-function mode of Note [What recording changes, and where] (``_recording.py``)
+answers those calls; after deferred_init returned it is gone, and leaving a mode behind would
+change every torch call of the thread.
+
+So the recorded fakes deferred_init hands out carry the answer themselves, as a class: when it
+returns (and when a ``deferred()`` block exits), every recorded fake parameter and buffer of the
+modules it returned (what init code initializes), and every fake tensor it returned, whose class
+is exactly ``nn.Parameter`` or ``torch.Tensor``, is switched to :class:`DeferredParameter` or
+:class:`DeferredTensor`, subclasses of those. Tensors held as plain attributes are left out: they
+are not what init code initializes, and finding them costs a walk of every attribute of every
+module (materialize_module's), too slow for the end of every deferred_init. Torch consults a
+tensor subclass's ``__torch_function__`` for every call of its Python API that takes such a
+tensor, on every thread, and for nothing else. Theirs does what the recording mode does for
+fakes, and nothing more:
+
+* ``new_tensor(data)``/``new(...)`` return a fake of the tensor's dtype and device, made from it
+  with ``new_empty`` and ``copy_``, so that it is recorded in the tensor's recording and
+  materializes to ``data`` (where CUDA is unavailable, with CUDA marked initialized for the
+  duration of the call, as the recording mode does, so that a fake CUDA tensor needs no CUDA);
+* the first look of torch's trunc_normal_ sampler at the tensor (``is_meta``, from the sampler's
+  own frame) runs it as one recorded ``torchdefer::trunc_normal_`` instead, with torch's bits
+  (Note [trunc_normal_ as one operator]), exactly as while recording.
+
+Everything else is forwarded to torch with subclass handling off, so results of operations are
+plain tensors, as they are for ``nn.Parameter``; ``.data`` of a handed-out fake is handed out too
+(init code writes ``nn.init.trunc_normal_(p.data)``), and ``nn.Parameter(p)`` of one keeps the
+class for its ``detach``, which torch's ``Parameter`` requires of a subclass. Other fakes (ones
+computed after return, such as ``p[0]`` or ``p.t()``; ones from ``fake_mode``) are untouched, and
+so are tensors whose class is the model's own subclass.
+
+The class goes back to what the model built (``nn.Parameter``, or ``torch.Tensor``) when the
+tensor turns real: every materialization (``materialize_module``, ``materialize_tensor``,
+torchdistX's, DTensor layouts) goes through :func:`materialize_named`, which restores the class
+of each tensor it made real, so ``type(p) is nn.Parameter`` holds again and a real tensor never
+pays for a Python ``__torch_function__``; one made real in place another way (``p.data = real``)
+gets it back in the call that did it. Torch's own ``UninitializedParameter`` works the same way
+(a Parameter subclass with its own ``__torch_function__``, whose ``materialize()`` sets the class
+to ``Parameter``).
+
+What this changes, until the tensor is real: ``type(p)`` is ``DeferredParameter`` (``isinstance(p,
+nn.Parameter)`` and ``isinstance(p, torch.Tensor)`` hold, ``type(p) is nn.Parameter`` does not),
+each torch call taking it costs a Python call, and a torch-function mode of the user's sees the
+class in ``types`` (and plain tensors as results). Code that rebuilds a parameter through its
+class, ``type(p)(data)`` (``copy.deepcopy``, accelerate's ``set_module_tensor_to_device``), gets
+an ``nn.Parameter``, as before: a real tensor never gets the class, and a copy is a fake of the
+kind computed after return. What model code does with parameters before materializing
+(parametrizations, ``to(dtype)``, tying, ``load_state_dict``, hooks, optimizers) gives eager's
+model with eager's classes (tests/python/test_after_return.py). Nothing in torch is patched and
+no mode is active: other tensors, other threads and ``import torchdefer`` see nothing
+(tests/python/test_torch_untouched.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, List, Tuple
+
+import torch
+
+from torchdefer import _C, _recording
+
+_TensorBase = torch._C.TensorBase
+_IS_META = _TensorBase.__dict__["is_meta"]
+_DATA = _TensorBase.__dict__["data"]
+_METHOD_WRAPPER = type(_IS_META.__get__)
+_PARAMETER_NEW = torch.nn.Parameter.__new__.__code__
+
+
+def _is_getter_of(func: Any, descriptor: Any) -> bool:
+    return type(func) is _METHOD_WRAPPER and func.__self__ is descriptor and func.__name__ == "__get__"
+
+
+def _torch_function(cls, func, types, args=(), kwargs=None):
+    """The ``__torch_function__`` of handed-out fakes (Note [Handed-out fakes after deferred_init])."""
+    kwargs = kwargs or {}
+    with torch._C.DisableTorchFunctionSubclass():
+        if _is_getter_of(func, _IS_META) and _recording.runs_trunc_normal(sys._getframe(1)):
+            return True
+        if func is _TensorBase.new_tensor:
+            return _making_a_fake(_recording._new_tensor, func, args, kwargs)
+        if func is _TensorBase.new:
+            return _making_a_fake(_recording._new, func, args, kwargs)
+        result = func(*args, **kwargs)
+        if args and type(args[0]) in _BUILT and not _C.is_fake(args[0]):
+            _restore(args[0])  # made real in place: `p.data = real`, `p.set_(real)`
+        elif _is_getter_of(func, _DATA):
+            _hand_out_tensor(result)
+        elif func is _TensorBase.detach and _called_by_parameter_new(sys._getframe(1)):
+            result.__class__ = type(args[0])  # Parameter.__new__ requires detach() to keep it
+        return result
+
+
+def _making_a_fake(handler, func, args, kwargs):
+    """``handler``, which makes a fake on the tensor's device: where CUDA is unavailable, torch's
+    Python binding must not try to initialize it for a fake CUDA tensor, as while recording."""
+    if torch.cuda.is_available():
+        return handler(func, args, kwargs)
+    _C._set_requires_cuda_init(False)
+    try:
+        return handler(func, args, kwargs)
+    finally:
+        _C._set_requires_cuda_init(True)
+
+
+def _called_by_parameter_new(caller) -> bool:
+    return _recording._caller_outside_modes(caller).f_code is _PARAMETER_NEW
+
+
+class DeferredTensor(torch.Tensor):
+    """A recorded fake that deferred_init handed out (a buffer, a tensor it returned, ``.data``
+    of one), until it is real; then a ``torch.Tensor`` again (Note [Handed-out fakes after
+    deferred_init])."""
+
+    __torch_function__ = classmethod(_torch_function)
+
+
+class DeferredParameter(torch.nn.Parameter):
+    """A parameter of a module deferred_init returned, until it is real; then an
+    ``nn.Parameter`` again (Note [Handed-out fakes after deferred_init])."""
+
+    __torch_function__ = classmethod(_torch_function)
+
+    def __new__(cls, data: Any = None, requires_grad: bool = True) -> torch.nn.Parameter:
+        # Code that rebuilds a parameter through its class (copy.deepcopy, accelerate's
+        # `type(p)(value)`) gets the class the model built, as before the fake was handed out.
+        return torch.nn.Parameter(data, requires_grad)
+
+
+_HANDED_OUT = {torch.Tensor: DeferredTensor, torch.nn.Parameter: DeferredParameter}
+_BUILT = {handed_out: built for built, handed_out in _HANDED_OUT.items()}
+
+
+def hand_out(result: Any) -> None:
+    """Gives every recorded fake parameter and buffer of the modules in ``result`` (deferred_init's
+    return value: a module, a tensor, or lists, tuples and dicts of them), and every recorded fake
+    tensor in it, its handed-out class."""
+    pending = [result]
+    seen = set()
+    while pending:
+        value = pending.pop()
+        if isinstance(value, torch.Tensor):
+            _hand_out_tensor(value)
+        elif isinstance(value, torch.nn.Module):
+            _hand_out_module(value)
+        elif isinstance(value, (list, tuple, dict)) and id(value) not in seen:
+            seen.add(id(value))
+            pending.extend(value.values() if isinstance(value, dict) else value)
+
+
+def _hand_out_module(root: torch.nn.Module) -> None:
+    """Hands out the parameters and buffers of ``root``'s tree. The walk builds no names and
+    hashes no module (a dataclass module is unhashable): it runs at the end of every deferred_init."""
+    pending = [root]
+    seen = set()
+    while pending:
+        module = pending.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        for tensor in module._parameters.values():
+            if tensor is not None:
+                _hand_out_tensor(tensor)
+        for tensor in module._buffers.values():
+            if tensor is not None:
+                _hand_out_tensor(tensor)
+        pending.extend(child for child in module._modules.values() if child is not None)
+
+
+def _hand_out_tensor(tensor: torch.Tensor) -> None:
+    handed_out = _HANDED_OUT.get(type(tensor))
+    if handed_out is not None and _C.can_materialize(tensor):
+        tensor.__class__ = handed_out
+
+
+def _restore(tensor: torch.Tensor) -> None:
+    """Gives a handed-out tensor that is real now the class the model built: ``nn.Parameter(t)``
+    of a handed-out ``t`` marked it a parameter (``_is_param``), which an ``nn.Parameter`` is."""
+    built = _BUILT.get(type(tensor))
+    if built is None:
+        return
+    if vars(tensor).pop("_is_param", False):
+        built = torch.nn.Parameter
+    tensor.__class__ = built
+
+
+def materialize_named(entries: List[Tuple[str, torch.Tensor, bool]], *args: Any, **kwargs: Any) -> Any:
+    """``_C.materialize_named``, after which each tensor it made real has the class the model built."""
+    stats = _C.materialize_named(entries, *args, **kwargs)
+    for _, tensor, _ in entries:
+        if not _C.is_fake(tensor):
+            _restore(tensor)
+    return stats
+
