@@ -56,6 +56,8 @@ STRATEGIES: List[Strategy] = [
              baseline=0.32 * GB, full=2.2),
     Strategy("py-deferred-shard", "py", "torchdefer.deferred_init + materialize rank 0 of W (counter RNG)",
              baseline=0.4 * GB, shard=1),
+    Strategy("py-deferred-record", "py", "torchdefer.deferred_init alone: the record phase, nothing materialized",
+             baseline=0.4 * GB),
     Strategy("hf-from-config", "py", "transformers AutoModelForCausalLM.from_config (eager)",
              baseline=0.42 * GB, full=1, shard=1),
     Strategy("hf-init-empty", "py", "accelerate init_empty_weights + to_empty + the model's _init_weights",
@@ -64,6 +66,8 @@ STRATEGIES: List[Strategy] = [
              baseline=0.42 * GB, full=1),
     Strategy("hf-deferred-shard", "py", "torchdefer.deferred_init(from_config) + materialize rank 0 of W",
              baseline=0.42 * GB, shard=1),
+    Strategy("hf-deferred-record", "py", "torchdefer.deferred_init(from_config) alone: the record phase",
+             baseline=0.42 * GB),
 ]
 BY_NAME: Dict[str, Strategy] = {s.name: s for s in STRATEGIES}
 
