@@ -331,9 +331,9 @@ def plot(rows: List[Dict[str, Any]], path: Path, memory_bytes: Optional[int]) ->
     # Colour says the approach, the marker the runner: the C++, torch.nn and transformers
     # versions of one approach share a colour.
     approaches = ["eager", "from-config", "meta-reset", "init-empty", "broadcast [rank 0]", "broadcast [rank",
-                  "deferred-full", "deferred-shard"]
+                  "deferred-full", "deferred-shard", "deferred-record"]
     colours = dict(zip(approaches, ["tab:blue", "tab:blue", "tab:purple", "tab:purple", "tab:brown", "tab:pink",
-                                    "tab:orange", "tab:green"]))
+                                    "tab:orange", "tab:green", "tab:gray"]))
     markers = {"cpp": "o", "py": "s", "hf": "^"}
     for label in labels:
         approach = next(a for a in approaches if a in label)
@@ -422,6 +422,7 @@ def markdown(results: Dict[str, Any], plot_name: str) -> str:
         f"each run{fewer_reps(rows, settings['reps'])}, each in a fresh process; shard and slice strategies are rank 0 of W = {settings['world']}; "
         f"py-broadcast runs {settings['broadcast_world']} processes on this machine; Python strategies on "
         f"device `{settings['device']}`.",
+        *[f"- **Note**: {note}" for note in results.get("notes", [])],
         "",
         "Wall time is the construction phase plus what makes the weights real (materialize, `to_empty` + "
         "re-init, slicing, or the broadcast), after a warm-up on the tiny shape in the same process "

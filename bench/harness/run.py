@@ -222,6 +222,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         " with --docs, every executable in BUILD_DIR/bench/micro by default")
     parser.add_argument("--docs", action="store_true", help="write docs/benchmarks.md, .json and docs/img/benchmarks.png")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a sentence the page prints under the run's settings (what disturbed it); repeatable,"
+                        " kept in the results file, added to its notes with --render")
     parser.add_argument("--render", type=Path, metavar="RESULTS_JSON",
                         help="run nothing: write the report again from a results file this harness wrote")
     args = parser.parse_args(argv)
@@ -244,6 +247,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         results = json.loads(args.render.read_text())
     else:
         results = run_all(argv, args)
+    results["notes"] = results.get("notes", []) + args.note
     report.write(results, paths)
     print(report.table(results["rows"]))
     log(f"wrote {paths.json}, {paths.markdown}, {paths.plot}")
