@@ -29,10 +29,10 @@ class Strategy:
     # The factors were fitted to llama-125m runs (2026-11-21) and rounded up; the report prints
     # measured / estimated for every run, which says how far to trust them. What they encode:
     # torch.nn.init.trunc_normal_ (rejection sampling since PyTorch 2.13) holds about four
-    # tensors' worth of temporaries; Python deferred_init runs it once for real, on a scratch
-    # tensor, at record time (so the generator ends where eager's does), so the Python deferred
-    # strategies peak at a few times the largest parameter even when sharding (py-deferred-shard
-    # of llama3.2-1b, rank 0 of 64: 5.89 GB measured, 0.60x eager).
+    # tensors' worth of temporaries where it runs eagerly. deferred_init records it as one op
+    # without running it, and a shard computes only its slice (counter mode, by inverse CDF), so
+    # py-deferred-shard needs its slice over the baseline (fitted 2026-11-23 to llama3-70b, rank 0
+    # of 64: 4.75 GB peak for a 4.41 GB slice and a 0.32 GB baseline).
     baseline: float
     full: float = 0.0
     shard: float = 0.0
@@ -55,7 +55,9 @@ STRATEGIES: List[Strategy] = [
     Strategy("py-deferred-full", "py", "torchdefer.deferred_init + materialize_module (torch RNG mode)",
              baseline=0.32 * GB, full=2.2),
     Strategy("py-deferred-shard", "py", "torchdefer.deferred_init + materialize rank 0 of W (counter RNG)",
-             baseline=0.5 * GB, shard=1, largest=5.3),
+             baseline=0.4 * GB, shard=1),
+    Strategy("py-deferred-record", "py", "torchdefer.deferred_init alone: the record phase, nothing materialized",
+             baseline=0.4 * GB),
     Strategy("hf-from-config", "py", "transformers AutoModelForCausalLM.from_config (eager)",
              baseline=0.42 * GB, full=1, shard=1),
     Strategy("hf-init-empty", "py", "accelerate init_empty_weights + to_empty + the model's _init_weights",
@@ -64,6 +66,8 @@ STRATEGIES: List[Strategy] = [
              baseline=0.42 * GB, full=1),
     Strategy("hf-deferred-shard", "py", "torchdefer.deferred_init(from_config) + materialize rank 0 of W",
              baseline=0.42 * GB, shard=1),
+    Strategy("hf-deferred-record", "py", "torchdefer.deferred_init(from_config) alone: the record phase",
+             baseline=0.42 * GB),
 ]
 BY_NAME: Dict[str, Strategy] = {s.name: s for s in STRATEGIES}
 

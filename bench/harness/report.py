@@ -9,9 +9,10 @@ import dataclasses
 import json
 import os
 import platform
+import statistics
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from bench.harness import plan
 
@@ -180,6 +181,69 @@ def record_table(rows: List[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def paired_ratio(row: Dict[str, Any], numerator: str, denominator: str) -> Optional[Dict[str, float]]:
+    """numerator / denominator within each run (the same process, so the same load), summarized
+    over the runs: steadier on a shared machine than the ratio of two medians."""
+    ratios = [r[numerator] / r[denominator] for r in row["runs"] if r.get(numerator) is not None and r.get(denominator)]
+    if not ratios:
+        return None
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def _times(x: float) -> str:
+    return f"{x:.2f}×"
+
+
+def _record_vs_meta(row: Dict[str, Any], limit: float) -> Tuple[str, bool]:
+    ratio = paired_ratio(row, "construct_s", "meta_construct_s")
+    return with_range(ratio, _times, len(row["runs"])), ratio["median"] <= limit
+
+
+def _record_growth(row: Dict[str, Any], limit: float) -> Tuple[str, bool]:
+    summary = row["summary"]
+    over = summary["construct_rss_bytes"]["median"] - summary["meta_rss_bytes"]["median"]
+    return f"{human_bytes(over)} over meta", over <= limit
+
+
+def _shard_peak(row: Dict[str, Any], limit: float) -> Tuple[str, bool]:
+    ratio = paired_ratio(dict(row, runs=[dict(r, floor=r["bytes_kept"] + r["baseline_rss_bytes"]) for r in row["runs"]]),
+                         "peak_rss_bytes", "floor")
+    return f"{with_range(ratio, _times, len(row['runs']))} of slice + baseline", ratio["median"] <= limit
+
+
+# Issue 12's targets: (what, strategies, models, the check and its limit).
+TARGETS = [
+    ("torchtitan-style Llama: `deferred_init` time ≤ 1.5× meta construction",
+     ("py-deferred-full", "py-deferred-shard", "py-deferred-record"), ("llama3-8b", "llama3-70b"), _record_vs_meta,
+     1.5),
+    ("torchtitan-style Llama: `deferred_init` peak RSS growth ≤ meta's + 20 MB",
+     ("py-deferred-full", "py-deferred-shard", "py-deferred-record"), ("llama3-8b", "llama3-70b"), _record_growth,
+     20e6),
+    ("Hugging Face Llama: `deferred_init(from_config)` time ≤ 1.2× meta construction",
+     ("hf-deferred-full", "hf-deferred-shard", "hf-deferred-record"), ("llama3-70b",), _record_vs_meta, 1.2),
+    ("py-deferred-shard, rank 0 of 64: peak RSS ≤ 1.1× (its slice + the process baseline)",
+     ("py-deferred-shard",), ("llama3-70b",), _shard_peak, 1.1),
+]
+
+
+def targets_table(rows: List[Dict[str, Any]]) -> str:
+    """Issue 12's targets, each checked against the rows of this run that it is about."""
+    lines = ["| target | model | strategy | measured (median, min–max over runs) | met |", "|---|---|---|---|---|"]
+    measured = [r for r in rows if r["status"] == "measured" and not r["role"]]
+    for what, strategies, names, check, limit in TARGETS:
+        for row in measured:
+            if row["strategy"] in strategies and row["model"] in names:
+                value, met = check(row, limit)
+                lines.append(f"| {what} | {row['model']} | {row['strategy']} | {value} | {'yes' if met else 'no'} |")
+    for row in measured:
+        reference = _eager_reference(row, rows) if row["strategy"] == "py-deferred-full" else None
+        if reference is not None:
+            ratio = row["summary"]["wall_s"]["median"] / reference["summary"]["wall_s"]["median"]
+            lines.append(f"| py-deferred-full wall time ≤ 1.0× py-eager's | {row['model']} | {row['strategy']} | "
+                         f"{ratio:.2f}× (medians) | {'yes' if ratio <= 1.0 else 'no'} |")
+    return "\n".join(lines)
+
+
 def estimate_table(rows: List[Dict[str, Any]]) -> str:
     """The memory estimate next to what was measured: how far to trust the 'needs N GB' cells."""
     lines = ["| model | strategy | estimated peak | measured peak (median) | measured / estimated |",
@@ -267,9 +331,9 @@ def plot(rows: List[Dict[str, Any]], path: Path, memory_bytes: Optional[int]) ->
     # Colour says the approach, the marker the runner: the C++, torch.nn and transformers
     # versions of one approach share a colour.
     approaches = ["eager", "from-config", "meta-reset", "init-empty", "broadcast [rank 0]", "broadcast [rank",
-                  "deferred-full", "deferred-shard"]
+                  "deferred-full", "deferred-shard", "deferred-record"]
     colours = dict(zip(approaches, ["tab:blue", "tab:blue", "tab:purple", "tab:purple", "tab:brown", "tab:pink",
-                                    "tab:orange", "tab:green"]))
+                                    "tab:orange", "tab:green", "tab:gray"]))
     markers = {"cpp": "o", "py": "s", "hf": "^"}
     for label in labels:
         approach = next(a for a in approaches if a in label)
@@ -312,6 +376,33 @@ def plot(rows: List[Dict[str, Any]], path: Path, memory_bytes: Optional[int]) ->
 # --- The page ------------------------------------------------------------------------------------
 
 
+def fewer_reps(rows: List[Dict[str, Any]], default: int) -> str:
+    """" (1 of llama3-70b's py-deferred-shard)" for the cells a `:REPS` spec gave their own count."""
+    own = [f"{r['reps']} of {r['model']}'s {r['strategy']}" for r in rows
+           if r.get("reps", default) != default and r.get("role", "") in ("", "rank 0")]
+    return f" ({', '.join(own)})" if own else ""
+
+
+# What the targets' rows do not show by themselves: why recording costs more than meta
+# construction. Profiles, not this run, so it names no numbers; the tables above have them.
+WHERE_THE_TIME_GOES = (
+    "Where recording's time goes, beyond meta construction's: both run the same Python constructor, and "
+    "under both every call into torch's Python API passes one Python torch-function mode (the "
+    "`torch.device(\"meta\")` context, or the recorder's, Note [What recording changes, and where]), "
+    "so that part costs the same. Below it, an op on the meta device runs its meta kernel; an op on a "
+    "fake reaches torchdefer's C++ fake fallback (Note [The Fake fallback]), which runs the same meta "
+    "kernel on meta shadows, wraps the outputs as fakes and records the op (the `detach` that `nn.Parameter(fake)` makes "
+    "passes through it too). That per-op C++ path is the difference for the "
+    "torchtitan-style model (`python3 -m cProfile` and `perf record` of `deferred_init` against "
+    "`torch.device(\"meta\")`); after the constructor, `deferred_init` walks the module tree once for "
+    "the forward check and once for DTensor layouts. For Hugging Face the comparison is of unequal "
+    "work: transformers skips `init_weights()` when it builds on the meta device (it checks the "
+    "default device), while `deferred_init` records it, one `normal_` per weight; in a Python "
+    "process torch's meta kernel for `normal_` is a Python decomposition (`torch._refs.normal_`), "
+    "which the fake fallback runs for every one of them."
+)
+
+
 def markdown(results: Dict[str, Any], plot_name: str) -> str:
     rows, settings = results["rows"], results["settings"]
     strategies = list(dict.fromkeys(r["strategy"] for r in rows))
@@ -328,9 +419,10 @@ def markdown(results: Dict[str, Any], plot_name: str) -> str:
         "core count; absolute times are then slower than on an idle machine, ratios within a repetition "
         "less affected)",
         f"- **Run**: {results['started']}, {results['duration_s'] / 60:.1f} min; {settings['reps']} repetition(s) of "
-        f"each run, each in a fresh process; shard and slice strategies are rank 0 of W = {settings['world']}; "
+        f"each run{fewer_reps(rows, settings['reps'])}, each in a fresh process; shard and slice strategies are rank 0 of W = {settings['world']}; "
         f"py-broadcast runs {settings['broadcast_world']} processes on this machine; Python strategies on "
         f"device `{settings['device']}`.",
+        *[f"- **Note**: {note}" for note in results.get("notes", [])],
         "",
         "Wall time is the construction phase plus what makes the weights real (materialize, `to_empty` + "
         "re-init, slicing, or the broadcast), after a warm-up on the tiny shape in the same process "
@@ -364,6 +456,16 @@ def markdown(results: Dict[str, Any], plot_name: str) -> str:
         "*growth over meta* is the difference of the medians.",
         "",
         record_table(rows),
+        "",
+        "## Issue 12's targets",
+        "",
+        "Each target checked against the rows above that it is about. Time ratios to meta are taken "
+        "within each run (recording and meta construction in the same process, seconds apart) and then "
+        "summarized; the slice is the bytes the shard keeps.",
+        "",
+        targets_table(rows),
+        "",
+        WHERE_THE_TIME_GOES,
         "",
         "## The memory estimate against measurements",
         "",

@@ -39,17 +39,41 @@ class RunFailed(RuntimeError):
     pass
 
 
+def split_spec(spec: str) -> Tuple[str, str, Optional[int]]:
+    """'STRATEGIES=MODELS[:REPS]' as its three parts (REPS None where the spec names none)."""
+    if "=" not in spec:
+        raise ValueError(f"--run needs STRATEGIES=MODELS, e.g. 'cpp-*=llama-125m,llama3-70b'; got '{spec}'")
+    strategies, names = spec.split("=", 1)
+    reps = None
+    if ":" in names:
+        names, count = names.rsplit(":", 1)
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"--run '{spec}': the repetitions after ':' must be a positive integer")
+        reps = int(count)
+    return strategies, names, reps
+
+
 def parse_matrix(specs: List[str]) -> List[Tuple[plan.Strategy, models.LlamaConfig]]:
-    """'STRATEGIES=MODELS' specs, without repeats, by model size."""
+    """'STRATEGIES=MODELS[:REPS]' specs, without repeats, by model size."""
     cells: List[Tuple[plan.Strategy, models.LlamaConfig]] = []
     for spec in specs:
-        if "=" not in spec:
-            raise ValueError(f"--run needs STRATEGIES=MODELS, e.g. 'cpp-*=llama-125m,llama3-70b'; got '{spec}'")
-        strategies, names = spec.split("=", 1)
+        strategies, names, _ = split_spec(spec)
         for name in names.split(","):
             config = models.config(name.strip())
             cells += [(s, config) for s in plan.select(strategies) if (s, config) not in cells]
     return sorted(cells, key=lambda cell: models.parameter_count(cell[1]))  # stable: keeps strategy order
+
+
+def cell_reps(specs: List[str], default: int) -> Dict[Tuple[str, str], int]:
+    """The repetitions of each (strategy, model) cell: its first spec's ':REPS', else `default`.
+    A spec's own count lets the largest models run fewer times than the rest of a matrix."""
+    reps: Dict[Tuple[str, str], int] = {}
+    for spec in specs:
+        strategies, names, count = split_spec(spec)
+        for name in names.split(","):
+            for s in plan.select(strategies):
+                reps.setdefault((s.name, name.strip()), count or default)
+    return reps
 
 
 def free_port() -> int:
@@ -130,11 +154,12 @@ def measure(cells, args: argparse.Namespace) -> List[Dict[str, Any]]:
             world=args.broadcast_world if strategy.name == "py-broadcast" else args.world,
             estimate_bytes=estimate["per_process"], estimate_total_bytes=estimate["total"],
             mem_available_bytes=available, status="measured" if plan.fits(estimate, available) else "needs",
+            reps=args.cell_reps.get((strategy.name, config.name), args.reps),
         ))
-    for rep in range(args.reps):
+    for rep in range(max(entry["reps"] for entry in entries)):
         for index, (strategy, config) in enumerate(cells):
             entry = entries[index]
-            if entry["status"] != "measured":
+            if entry["status"] != "measured" or rep >= entry["reps"]:
                 continue
             start = time.perf_counter()
             try:
@@ -145,7 +170,7 @@ def measure(cells, args: argparse.Namespace) -> List[Dict[str, Any]]:
                 continue
             for role, record in roles(strategy, processes).items():
                 runs.setdefault((index, role), []).append(record)
-            log(f"{config.name:12} {strategy.name:19} rep {rep + 1}/{args.reps}: "
+            log(f"{config.name:12} {strategy.name:19} rep {rep + 1}/{entry['reps']}: "
                 f"{processes[0]['wall_s']:.2f} s, peak {processes[0]['peak_rss_bytes'] / 1e6:.0f} MB "
                 f"({time.perf_counter() - start:.1f} s with start-up)")
     rows = []
@@ -181,10 +206,11 @@ def log(message: str) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", action="append", metavar="STRATEGIES=MODELS",
-                        help=f"strategies (names or patterns) and models to compare; repeatable (default: {DEFAULT_RUN})."
+    parser.add_argument("--run", action="append", metavar="STRATEGIES=MODELS[:REPS]",
+                        help=f"strategies (names or patterns) and models to compare, with their own repetitions"
+                        f" after ':' (else --reps); repeatable (default: {DEFAULT_RUN})."
                         f" Strategies: {', '.join(plan.BY_NAME)}. Models: {', '.join(models.CONFIGS)}")
-    parser.add_argument("--reps", type=int, default=1, help="repetitions of each run (default 1)")
+    parser.add_argument("--reps", type=int, default=1, help="repetitions of each run without its own :REPS (default 1)")
     parser.add_argument("--world", type=int, default=8, help="W for the shard and slice strategies (rank 0 of W)")
     parser.add_argument("--broadcast-world", type=int, default=2, help="processes of py-broadcast (default 2)")
     parser.add_argument("--seed", type=int, default=0)
@@ -196,6 +222,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         " with --docs, every executable in BUILD_DIR/bench/micro by default")
     parser.add_argument("--docs", action="store_true", help="write docs/benchmarks.md, .json and docs/img/benchmarks.png")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a sentence the page prints under the run's settings (what disturbed it); repeatable,"
+                        " kept in the results file, added to its notes with --render")
     parser.add_argument("--render", type=Path, metavar="RESULTS_JSON",
                         help="run nothing: write the report again from a results file this harness wrote")
     args = parser.parse_args(argv)
@@ -204,6 +233,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.build_dir = args.build_dir.resolve()
     try:
         args.cells = parse_matrix(args.run or [DEFAULT_RUN])
+        args.cell_reps = cell_reps(args.run or [DEFAULT_RUN], args.reps)
     except ValueError as e:
         parser.error(str(e))
 
@@ -217,6 +247,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         results = json.loads(args.render.read_text())
     else:
         results = run_all(argv, args)
+    results["notes"] = results.get("notes", []) + args.note
     report.write(results, paths)
     print(report.table(results["rows"]))
     log(f"wrote {paths.json}, {paths.markdown}, {paths.plot}")

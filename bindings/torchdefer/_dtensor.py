@@ -89,8 +89,12 @@ def forget_materialized(module: torch.nn.Module) -> None:
 
 
 def _own_fakes(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
-    own = list(module._parameters.items()) + list(module._buffers.items())
-    return {name: t for name, t in own if t is not None and _C.is_fake(t)}
+    fakes = {}
+    for own in (module._parameters, module._buffers):
+        for name, t in own.items():
+            if t is not None and _C.is_fake(t):
+                fakes[name] = t
+    return fakes
 
 
 def _dtensor_class() -> Optional[type]:

@@ -8,7 +8,7 @@ and materialize_module accept such modules, so what they keep about modules neve
 from __future__ import annotations
 
 import weakref
-from typing import Dict, Generic, Iterator, List, Optional, Tuple, TypeVar
+from typing import Dict, Generic, List, Optional, Tuple, TypeVar
 
 import torch
 
@@ -30,53 +30,90 @@ def named_modules(
                 continue
             seen.add(id(module))
         out.append((name, module))
-        children = [(f"{name}.{key}" if name else key, child) for key, child in module._modules.items()]
-        pending.extend(reversed([c for c in children if c[1] is not None]))
+        children = module._modules
+        if not children:
+            continue
+        dot = name + "." if name else ""
+        pending.extend((dot + key, child) for key, child in reversed(children.items()) if child is not None)
     return out
 
 
-def modules(root: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    return (module for _, module in named_modules(root))
+def modules(root: torch.nn.Module) -> List[torch.nn.Module]:
+    """``root.modules()``, parents before children, told apart by identity."""
+    out: List[torch.nn.Module] = []
+    seen = set()
+    pending = [root]
+    while pending:
+        module = pending.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        out.append(module)
+        children = module._modules
+        if children:
+            pending.extend(child for child in reversed(children.values()) if child is not None)
+    return out
+
+
+class _EntryRef(weakref.ref):
+    """A weak reference to a module that carries the module's key and value in the map, so that
+    an entry is one object and its removal callback is shared (no closure per module)."""
+
+    __slots__ = ("key", "value")
+
+    def __new__(cls, module: torch.nn.Module, callback, key: int, value) -> "_EntryRef":
+        self = super().__new__(cls, module, callback)
+        self.key = key
+        self.value = value
+        return self
+
+    def __init__(self, module: torch.nn.Module, callback, key: int, value) -> None:
+        super().__init__(module, callback)
 
 
 class WeakModuleMap(Generic[V]):
     """A map from modules to values that neither hashes nor keeps its modules alive."""
 
     def __init__(self) -> None:
-        self._entries: Dict[int, Tuple["weakref.ReferenceType[torch.nn.Module]", V]] = {}
+        self._entries: Dict[int, _EntryRef] = {}
+        # The map lives as long as the package, so the bound method's reference to it is harmless.
+        self._on_collected = self._drop
 
-    def _drop(self, key: int, ref: "weakref.ReferenceType[torch.nn.Module]") -> None:
-        entry = self._entries.get(key)
-        if entry is not None and entry[0] is ref:
-            del self._entries[key]
+    def _drop(self, ref: _EntryRef) -> None:
+        if self._entries.get(ref.key) is ref:
+            del self._entries[ref.key]
+
+    def _entry(self, module: object) -> Optional[_EntryRef]:
+        ref = self._entries.get(id(module))
+        return ref if ref is not None and ref() is module else None
 
     def __setitem__(self, module: torch.nn.Module, value: V) -> None:
         key = id(module)
-        ref = weakref.ref(module, lambda r, key=key: self._drop(key, r))
-        self._entries[key] = (ref, value)
+        self._entries[key] = _EntryRef(module, self._on_collected, key, value)
 
     def get(self, module: torch.nn.Module, default: Optional[V] = None) -> Optional[V]:
-        entry = self._entries.get(id(module))
-        return entry[1] if entry is not None and entry[0]() is module else default
+        ref = self._entry(module)
+        return default if ref is None else ref.value
 
     def setdefault(self, module: torch.nn.Module, value: V) -> V:
-        if module not in self:
-            self[module] = value
-        return self.get(module)
+        ref = self._entry(module)
+        if ref is not None:
+            return ref.value
+        self[module] = value
+        return value
 
     def pop(self, module: torch.nn.Module, default: Optional[V] = None) -> Optional[V]:
-        if module not in self:
+        if self._entry(module) is None:
             return default
-        return self._entries.pop(id(module))[1]
+        return self._entries.pop(id(module)).value
 
     def __delitem__(self, module: torch.nn.Module) -> None:
-        if module not in self:
+        if self._entry(module) is None:
             raise KeyError(module)
         del self._entries[id(module)]
 
     def __contains__(self, module: object) -> bool:
-        entry = self._entries.get(id(module))
-        return entry is not None and entry[0]() is module
+        return self._entry(module) is not None
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -40,6 +40,9 @@ def test_python_strategy_measures_the_tiny_model(name):
         kept_parameters = result["bytes_kept"] - sum(b.nbytes for b in _buffers(name))
         assert kept_parameters == full // 2
         assert result["tensors_sliced"] + result["tensors_fallback"] == len(models.parameter_shapes(TINY))
+    elif name.endswith("-record"):
+        # The record phase alone: nothing real is kept or computed.
+        assert result["bytes_kept"] == result["bytes_computed"] == 0 and result["materialize_s"] == 0
     else:
         assert result["bytes_kept"] >= full and result["tensors_sliced"] == 0
 
@@ -82,6 +85,20 @@ def test_matrix_names_are_checked():
         run.parse_matrix(["cpp-*=llama-7t"])
     with pytest.raises(ValueError, match="STRATEGIES=MODELS"):
         run.parse_matrix(["cpp-*"])
+
+
+def test_a_spec_can_give_its_cells_their_own_repetitions():
+    specs = ["cpp-eager,cpp-deferred-full=tiny", "cpp-deferred-shard,cpp-eager=llama-30m,tiny:1"]
+    assert [(s.name, c.name) for s, c in run.parse_matrix(specs)] == [
+        ("cpp-eager", "tiny"), ("cpp-deferred-full", "tiny"), ("cpp-deferred-shard", "tiny"),
+        ("cpp-deferred-shard", "llama-30m"), ("cpp-eager", "llama-30m")]
+    # The first spec naming a cell decides its count; the others get --reps.
+    assert run.cell_reps(specs, default=3) == {
+        ("cpp-eager", "tiny"): 3, ("cpp-deferred-full", "tiny"): 3, ("cpp-deferred-shard", "tiny"): 1,
+        ("cpp-deferred-shard", "llama-30m"): 1, ("cpp-eager", "llama-30m"): 1}
+    for bad in ("cpp-eager=tiny:0", "cpp-eager=tiny:two"):
+        with pytest.raises(ValueError, match="positive integer"):
+            run.parse_matrix([bad])
 
 
 def test_micro_table_renders_google_benchmark_json():
