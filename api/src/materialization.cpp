@@ -29,25 +29,30 @@ const RecordedFake& recording_of(const at::Tensor& fake) {
   return *rec;
 }
 
+// The sizes of a shard of `box` as kept: padded to the chunk size when the options ask.
+std::vector<int64_t> kept_sizes(const Box& box, const MaterializeOptions& options,
+                                const NamedTensor& entry) {
+  std::vector<int64_t> sizes = box.sizes();
+  if (options.shard() && options.shard()->padded && !options.region()) {
+    const Shard& shard = *options.shard();
+    sizes[shard.dim] = shard.chunk_size(entry.tensor.size(shard.dim));
+  }
+  return sizes;
+}
+
 // A shard that owns exactly its elements, padded to the chunk size when the options ask.
 at::Tensor own(at::Tensor local, const Box& box, const MaterializeOptions& options,
                const NamedTensor& entry) {
   if (!local.is_contiguous() || local.storage().nbytes() != local.nbytes()) {
     local = local.clone(at::MemoryFormat::Contiguous);
   }
-  if (!options.shard() || !options.shard()->padded || options.region()) {
+  const std::vector<int64_t> sizes = kept_sizes(box, options, entry);
+  if (local.sizes() == c10::IntArrayRef(sizes)) {
     return local;
   }
-  const Shard& shard = *options.shard();
-  const int64_t size = entry.tensor.size(shard.dim);
-  const int64_t chunk = shard.chunk_size(size);
-  if (local.size(shard.dim) == chunk) {
-    return local;
-  }
-  std::vector<int64_t> padded_sizes = box.sizes();
-  padded_sizes[shard.dim] = chunk;
-  at::Tensor padded = at::zeros(padded_sizes, local.options());
-  padded.narrow(shard.dim, 0, local.size(shard.dim)).copy_(local);
+  const int64_t dim = options.shard()->dim;
+  at::Tensor padded = at::zeros(sizes, local.options());
+  padded.narrow(dim, 0, local.size(dim)).copy_(local);
   return padded;
 }
 
@@ -177,6 +182,7 @@ const at::Tensor& Materialization::add_shard(const NamedTensor& entry, const Box
 }
 
 void Materialization::run(bool report_progress) {
+  read_checkpoint();
   plan();
   const std::vector<Group*> order = run_order();
   int64_t total = 0;
@@ -234,35 +240,55 @@ const at::Tensor& Materialization::add_real_shard(const NamedTensor& entry, cons
 
 // Note [Loading is committed with the rest]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A tensor read from a checkpoint is read into a tensor of its own when added, and takes it
-// over at commit like a computed shard, so a failed read or replay anywhere leaves every tensor
+// A tensor read from a checkpoint is read into a tensor of its own (allocated when added, read
+// with the call's others: Note [One read for every tensor of a call]), and takes it over at
+// commit like a computed shard, so a failed read or replay anywhere leaves every tensor
 // fake. It is not a replay target: its recording never runs for it, and the recording is not
 // told its storage turned real, so another fake of the recording that reads it still computes
 // the values construction gave it (what eager construction followed by load_state_dict leaves
 // in a buffer derived from a parameter). A whole tensor keeps the strides the recording gave it.
-const at::Tensor& Materialization::add_loaded(const NamedTensor& entry,
-                                              const std::optional<Box>& box,
-                                              const std::string& key) {
+int64_t Materialization::add_loaded(const NamedTensor& entry, const std::optional<Box>& box,
+                                    const std::string& key) {
   const at::Tensor& fake = entry.tensor;
   const auto tensor_options = at::TensorOptions()
                                   .dtype(fake.scalar_type())
                                   .device(options_.device().value_or(fake.device()));
   const Box region = box.value_or(whole(fake.sizes()));
-  at::Tensor local = at::empty(region.sizes(), tensor_options);
-  options_.checkpoint()->read(key, region, local);
-  if (box) {
-    local = own(local, *box, options_, entry);
-    ShardInfo info{fake.sizes().vec(), *box, local.sizes().vec() != box->sizes()};
-    shards_.push_back({fake, std::move(local), std::move(info)});
-    return shards_.back().local;
+  reads_.push_back({key, region, at::empty(region.sizes(), tensor_options)});
+  loads_.push_back({entry, box});
+  const std::vector<int64_t> kept = box ? kept_sizes(*box, options_, entry) : fake.sizes().vec();
+  return c10::multiply_integers(kept) * static_cast<int64_t>(fake.element_size());
+}
+
+// Note [One read for every tensor of a call]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every tensor a call loads is allocated when added and read in one CheckpointReader::read_all
+// before any replay runs, so that a reader which gains from seeing the whole batch can (DCP
+// plans one load for all of them, and reads each stored file once). Reading first also makes a
+// bad file fail before the replays spend their time.
+void Materialization::read_checkpoint() {
+  if (reads_.empty()) {
+    return;
   }
-  if (!fake.is_contiguous() && fake.is_non_overlapping_and_dense()) {
-    at::Tensor strided = at::empty_strided(fake.sizes(), fake.strides(), tensor_options);
-    strided.copy_(local);
-    local = std::move(strided);
+  options_.checkpoint()->read_all(reads_);
+  for (size_t i = 0; i < loads_.size(); ++i) {
+    const at::Tensor& fake = loads_[i].entry.tensor;
+    at::Tensor local = std::move(reads_[i].out);
+    if (const std::optional<Box>& box = loads_[i].box) {
+      local = own(local, *box, options_, loads_[i].entry);
+      ShardInfo info{fake.sizes().vec(), *box, local.sizes().vec() != box->sizes()};
+      shards_.push_back({fake, std::move(local), std::move(info)});
+      continue;
+    }
+    if (!fake.is_contiguous() && fake.is_non_overlapping_and_dense()) {
+      at::Tensor strided = at::empty_strided(fake.sizes(), fake.strides(), local.options());
+      strided.copy_(local);
+      local = std::move(strided);
+    }
+    loaded_whole_.push_back({fake, std::move(local), ShardInfo{}});
   }
-  loaded_whole_.push_back({fake, std::move(local), ShardInfo{}});
-  return loaded_whole_.back().local;
+  reads_.clear();
+  loads_.clear();
 }
 
 at::Tensor read_recorded_values(const at::Tensor& fake) {

@@ -3,6 +3,7 @@
 // runs them in dependency order and commits everything together.
 #pragma once
 
+#include <torchdefer/checkpoint.h>
 #include <torchdefer/materialize.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/shard.h>
@@ -65,11 +66,12 @@ class Materialization {
   // rest (Note [Real tensors of a sharded module]); returns the slice.
   const at::Tensor& add_real_shard(const NamedTensor& entry, const Box& box);
 
-  // Reads `entry`'s `box` (the whole tensor for nullopt) from the options' checkpoint under
-  // `key` now, cast to its dtype on the target device, to be committed with the rest; returns
-  // the local tensor (Note [Loading is committed with the rest]).
-  const at::Tensor& add_loaded(const NamedTensor& entry, const std::optional<Box>& box,
-                               const std::string& key);
+  // Allocates `entry`'s `box` (the whole tensor for nullopt), in its dtype on the target
+  // device, for run() to read from the options' checkpoint under `key` together with every
+  // other such tensor, and to commit with the rest; returns the bytes it keeps (Note [Loading
+  // is committed with the rest]).
+  int64_t add_loaded(const NamedTensor& entry, const std::optional<Box>& box,
+                     const std::string& key);
 
   // Plans, runs and commits everything added, reporting each replayed node to the progress
   // callback when `report_progress`.
@@ -89,7 +91,13 @@ class Materialization {
     ShardInfo info;
   };
 
+  struct Load {
+    NamedTensor entry;
+    std::optional<Box> box;
+  };
+
   Group& group_of(const std::shared_ptr<OpGraph>& graph);
+  void read_checkpoint();
   void add_target(const at::Tensor& fake);
   void plan();
   std::vector<Group*> run_order();
@@ -102,6 +110,8 @@ class Materialization {
   std::vector<LocalShard> shards_;
   std::vector<LocalShard> real_shards_;
   std::vector<LocalShard> loaded_whole_;  // info unused: whole tensors are no shards
+  std::vector<CheckpointRead> reads_;     // for read_checkpoint(), with their loads_
+  std::vector<Load> loads_;
 };
 
 // Note [Reading values while recording]: the values `fake` (a fake of the recording in progress)

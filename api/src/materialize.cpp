@@ -150,7 +150,7 @@ void plan_loaded(const NamedTensor& entry, const std::optional<Box>& box, const 
                  TensorStats& stats, detail::Materialization& materialization) {
   stats.source = "checkpoint";
   stats.box = box;
-  stats.bytes_kept = static_cast<int64_t>(materialization.add_loaded(entry, box, key).nbytes());
+  stats.bytes_kept = materialization.add_loaded(entry, box, key);
 }
 
 MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
@@ -158,7 +158,7 @@ MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
                                      const detail::CheckpointPlan& checkpoint) {
   MaterializeStats stats;
   detail::Materialization materialization(options);
-  std::vector<std::string> whole_names;
+  std::vector<std::string> names_done_by_run;  // read or replayed whole by run(): reported after it
   const auto fakes = std::count_if(tensors.begin(), tensors.end(),
                                    [](const NamedTensor& entry) { return is_fake(entry.tensor); });
   detail::ProgressReporter progress(options, fakes);
@@ -177,14 +177,14 @@ MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
     if (const std::string* key = checkpoint.key(entry.tensor)) {
       plan_loaded(entry, box, *key, tensor_stats, materialization);
       stats.tensors.push_back(std::move(tensor_stats));
-      progress.step(entry.name);
+      names_done_by_run.push_back(entry.name);
       continue;
     }
     if (!box) {
       tensor_stats.bytes_computed = tensor_stats.bytes_kept =
           static_cast<int64_t>(entry.tensor.nbytes());
       materialization.add(entry.tensor);
-      whole_names.push_back(entry.name);
+      names_done_by_run.push_back(entry.name);
       stats.tensors.push_back(std::move(tensor_stats));
       continue;
     }
@@ -195,7 +195,7 @@ MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
     progress.step(entry.name);
   }
   materialization.run(/*report_progress=*/false);
-  for (const std::string& name : whole_names) {
+  for (const std::string& name : names_done_by_run) {
     progress.step(name);
   }
   return stats;
@@ -234,8 +234,10 @@ detail::CheckpointPlan checkpoint_plan(const std::vector<NamedTensor>& tensors,
   detail::CheckpointPlan plan = detail::plan_checkpoint(options, module_tensors, tensors);
   std::vector<std::string> real;
   for (const NamedTensor& t : module_tensors) {
-    if (real_at_record_time(t.tensor) && plan.key(t.tensor) != nullptr && !options.buffers_only()) {
-      real.push_back(*plan.key(t.tensor));
+    const std::string* key = plan.key(t.tensor);
+    if (real_at_record_time(t.tensor) && key != nullptr && !options.buffers_only() &&
+        std::find(real.begin(), real.end(), *key) == real.end()) {
+      real.push_back(*key);  // once, though the module lists a tensor under each of its names
     }
   }
   TORCH_CHECK(real.empty(), "torchdefer: the checkpoint holds ", c10::Join(", ", real),

@@ -58,11 +58,13 @@ class FakeModeContext {
 // dropping the callable.
 class PythonCheckpoint final : public CheckpointReader {
  public:
-  PythonCheckpoint(std::map<std::string, CheckpointTensor> tensors, py::function read)
-      : tensors_(std::move(tensors)), read_(std::move(read)) {}
+  PythonCheckpoint(std::map<std::string, CheckpointTensor> tensors, py::function read,
+                   py::object read_all)
+      : tensors_(std::move(tensors)), read_(std::move(read)), read_all_(std::move(read_all)) {}
   ~PythonCheckpoint() override {
     py::gil_scoped_acquire gil;
     read_ = py::function();
+    read_all_ = py::none();
   }
 
   const std::map<std::string, CheckpointTensor>& tensors() const override { return tensors_; }
@@ -72,9 +74,24 @@ class PythonCheckpoint final : public CheckpointReader {
     read_(name, box.start, box.stop, out);
   }
 
+  // One call of the Python read_all with [(name, start, stop, out)], when there is one.
+  void read_all(const std::vector<CheckpointRead>& reads) const override {
+    py::gil_scoped_acquire gil;
+    if (read_all_.is_none()) {
+      CheckpointReader::read_all(reads);
+      return;
+    }
+    py::list batch;
+    for (const CheckpointRead& r : reads) {
+      batch.append(py::make_tuple(r.name, r.box.start, r.box.stop, r.out));
+    }
+    read_all_(batch);
+  }
+
  private:
   std::map<std::string, CheckpointTensor> tensors_;
   py::function read_;
+  py::object read_all_;  // None, or a callable taking the batch
 };
 
 // Boxes by qualified name, as Python passes them: {name: (start, stop)}.
@@ -216,14 +233,15 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_python_checkpoint",
       [](const std::map<std::string, std::pair<std::vector<int64_t>, at::ScalarType>>& tensors,
-         py::function read) -> std::shared_ptr<CheckpointReader> {
+         py::function read, py::object read_all) -> std::shared_ptr<CheckpointReader> {
         std::map<std::string, CheckpointTensor> meta;
         for (const auto& [name, t] : tensors) {
           meta.emplace(name, CheckpointTensor{t.first, t.second});
         }
-        return std::make_shared<PythonCheckpoint>(std::move(meta), std::move(read));
+        return std::make_shared<PythonCheckpoint>(std::move(meta), std::move(read),
+                                                  std::move(read_all));
       },
-      py::arg("tensors"), py::arg("read"));
+      py::arg("tensors"), py::arg("read"), py::arg("read_all") = py::none());
   m.def(
       "materialize_named",
       [](const std::vector<std::tuple<std::string, at::Tensor, bool>>& entries,

@@ -12,11 +12,9 @@ else, the same way as a Shard's box.
 
 - safetensors (a file, an index, a save_pretrained directory) is read by the C++ reader with
   pread, only the bytes of the box (Note [Reading a box of a safetensors tensor]).
-- a torch.distributed.checkpoint directory is read through DCP's own storage reader with a load
-  planner that asks for exactly the box: DCP reads the stored chunks that overlap it. What DCP's
-  FileSystemReader does with a chunk is its own business: it reads each overlapping stored chunk
-  whole before narrowing it, so the peak for a box is the largest stored chunk it overlaps (a
-  checkpoint saved by N ranks stores chunks of 1/N of each tensor).
+- a torch.distributed.checkpoint directory is read in one ``dcp.load`` for all the boxes of a
+  call, with a load planner asking for exactly those boxes and a storage reader that reads only
+  their bytes of each stored chunk (Note [Reading boxes of a DCP checkpoint] in _dcp.py).
 - a mapping of names to tensors is sliced and copied.
 """
 
@@ -27,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 import torch
 
-from torchdefer import _C
+from torchdefer import _C, _dcp
 
 Checkpoint = Any  # str | os.PathLike | Mapping[str, torch.Tensor]
 
@@ -48,7 +46,7 @@ def open_checkpoint(checkpoint: Checkpoint) -> Any:
     if not os.path.exists(path):
         raise FileNotFoundError(f"torchdefer: the checkpoint {path!r} does not exist")
     if os.path.isdir(path) and os.path.exists(os.path.join(path, _DCP_METADATA)):
-        return _dcp_reader(path)
+        return _dcp.dcp_reader(path, _C._python_checkpoint)
     return _C._open_safetensors(path)
 
 
@@ -71,54 +69,6 @@ def _mapping_reader(mapping: Mapping[str, Any]) -> Any:
     def read(name: str, start: List[int], stop: List[int], out: torch.Tensor) -> None:
         with torch.no_grad():
             out.copy_(_box(mapping[name], start, stop))
-
-    return _C._python_checkpoint(tensors, read)
-
-
-def _dcp_reader(path: str) -> Any:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
-    from torch.distributed.checkpoint.planner import LoadPlan
-    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
-
-    metadata = dcp.FileSystemReader(path).read_metadata()
-    stored = {
-        name: item
-        for name, item in metadata.state_dict_metadata.items()
-        if isinstance(item, TensorStorageMetadata)
-    }
-    tensors = {name: (list(item.size), item.properties.dtype) for name, item in stored.items()}
-
-    class BoxPlanner(dcp.DefaultLoadPlanner):
-        """Reads one box of one tensor: the read items of the stored chunks that overlap it."""
-
-        def __init__(self, name: str, start: List[int], stop: List[int], out: torch.Tensor) -> None:
-            super().__init__()
-            self._name = name
-            self._out = out
-            self._chunk = ChunkStorageMetadata(
-                offsets=torch.Size(start), sizes=torch.Size(b - a for a, b in zip(start, stop))
-            )
-
-        def create_local_plan(self) -> LoadPlan:
-            items = create_read_items_for_chunk_list(self._name, stored[self._name], [self._chunk])
-            return LoadPlan(items)
-
-        def resolve_tensor(self, read_item: Any) -> torch.Tensor:
-            # The item's part of the box; its offsets are relative to the box.
-            part = self._out
-            for dim, (offset, length) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
-                part = part.narrow(dim, offset, length)
-            return part
-
-    def read(name: str, start: List[int], stop: List[int], out: torch.Tensor) -> None:
-        if out.numel() == 0:
-            return
-        dcp.load(
-            {name: out},
-            storage_reader=dcp.FileSystemReader(path),
-            planner=BoxPlanner(name, start, stop, out),
-        )
 
     return _C._python_checkpoint(tensors, read)
 

@@ -146,6 +146,58 @@ def test_a_dcp_checkpoint_loads_whole_and_as_a_box(saved, tmp_path):
         assert bitwise_equal(t, weights[name][box]), name
 
 
+class Mixed(torch.nn.Module):
+    """Tensors of every rank (0 to 3 dimensions) and a bfloat16 one, for DCP box reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.cube = torch.nn.Parameter(torch.randn(6, 5, 4))
+        self.matrix = torch.nn.Parameter(torch.randn(9, 7))
+        self.vector = torch.nn.Parameter(torch.randn(11))
+        self.low = torch.nn.Parameter(torch.randn(8, 3).to(torch.bfloat16))
+        self.register_buffer("scale", torch.full((), 2.5))
+
+
+def test_dcp_reads_only_the_boxes_bytes_in_one_load(tmp_path, monkeypatch):
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(5)
+    stored = {k: v.detach().clone() for k, v in Mixed().state_dict().items()}
+    stored["low"] = stored["low"].float()  # stored as float32, read into bfloat16
+    dcp.save(stored, checkpoint_id=str(tmp_path / "dcp"))
+    # Note [Reading boxes of a DCP checkpoint]: no stored chunk is read whole (FileSystemReader's
+    # own read_data), and the call is one dcp.load.
+    monkeypatch.setattr(dcp.FileSystemReader, "read_data", lambda *a: pytest.fail("whole chunk read"))
+    loads = []
+    real_load = dcp.load
+    monkeypatch.setattr(dcp, "load", lambda *a, **k: loads.append(1) or real_load(*a, **k))
+    for shard in [None, torchdefer.Shard(1, 3), torchdefer.Shard(2, 3, dim=1)]:
+        loads.clear()
+        torch.manual_seed(0)
+        model = torchdefer.deferred_init(Mixed)
+        stats = torchdefer.materialize_module(model, shard=shard, checkpoint=tmp_path / "dcp")
+        assert loads == [1] and all(s["source"] == "checkpoint" for s in stats)
+        for name, t in tensors(model).items():
+            info = torchdefer.shard_info(t)
+            box = tuple(slice(a, b) for a, b in zip(*info["box"])) if info else ()
+            assert bitwise_equal(t, stored[name][box].to(t.dtype)), (name, shard)
+
+
+def test_a_tensor_real_at_record_time_is_refused_by_name_once_and_nothing_loads():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(4, 4))
+            self.register_buffer("scale", torch.tensor(2.5))  # from a Python number: real
+
+    model = torchdefer.deferred_init(Scaled)
+    assert not torchdefer.is_fake(model.scale)
+    with pytest.raises(RuntimeError, match=r"holds scale, which construction made real") as error:
+        torchdefer.materialize_module(model, checkpoint={"weight": torch.ones(4, 4), "scale": torch.tensor(1.0)})
+    assert "scale, scale" not in str(error.value)
+    assert torchdefer.is_fake(model.weight) and model.scale.item() == 2.5
+
+
 def test_a_mapping_is_cast_to_the_recorded_dtype_and_placed(saved):
     _, weights = saved
     doubled = {k: v.double() for k, v in body(weights).items()}
@@ -325,6 +377,43 @@ def fully_sharded_checkpoint_worker(rank, world, path):
         expected = saved[name] if name in saved else dict(reference.state_dict())[name]
         assert torch.equal(whole, expected), name
         assert sources[name] == ("checkpoint" if name in saved else "init"), name
+
+
+def fsdp2_dcp_worker(rank, world, directory):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from test_distributed import Tower, record
+
+    def sharded(seed):
+        model = record(Tower, seed)
+        mesh = init_device_mesh("cpu", (world,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+
+    saved = sharded(12)
+    torchdefer.materialize_module(saved, rng="counter")
+    dcp.save(saved.state_dict(), checkpoint_id=directory)  # each rank stores its own chunks
+    model = sharded(3)
+    stats = torchdefer.materialize_module(model, checkpoint=directory)
+    assert all(s["source"] == "checkpoint" for s in stats)
+    for (name, t), expected in zip(model.state_dict().items(), saved.state_dict().values()):
+        assert torch.equal(t.full_tensor() if hasattr(t, "full_tensor") else t,
+                           expected.full_tensor() if hasattr(expected, "full_tensor") else expected), name
+
+
+def test_fsdp2_reads_a_dcp_checkpoint_saved_by_fsdp2_as_its_local_chunks(tmp_path):
+    from test_distributed import Tower, record, run_ranks
+
+    run_ranks(tmp_path, 2, fsdp2_dcp_worker, str(tmp_path / "dcp"))
+    # The same directory, stored as two chunks per parameter, read whole by one process.
+    reference = record(Tower, 12)
+    torchdefer.materialize_module(reference, rng="counter")
+    model = record(Tower, 3)
+    torchdefer.materialize_module(model, checkpoint=tmp_path / "dcp")
+    for name, t in tensors(model).items():
+        assert torch.equal(t, tensors(reference)[name]), name
 
 
 def test_a_fully_sharded_model_reads_its_local_shards_and_initializes_the_rest(tmp_path):

@@ -26,8 +26,16 @@ struct CheckpointTensor {
   c10::ScalarType dtype = c10::ScalarType::Undefined;
 };
 
+// One read of a batch: the elements of `name` inside `box` into `out`, as CheckpointReader::read.
+struct CheckpointRead {
+  std::string name;
+  Box box;
+  at::Tensor out;
+};
+
 // A source of named tensors that can read any box of any of them. Implementations must be safe
-// to read from one thread at a time; materialize_module reads each tensor once.
+// to read from one thread at a time; materialize_module reads each tensor once, all of a call's
+// tensors in one read_all.
 class TORCHDEFER_API CheckpointReader {
  public:
   virtual ~CheckpointReader() = default;
@@ -37,6 +45,10 @@ class TORCHDEFER_API CheckpointReader {
   // sizes whose dtype the stored one casts to (c10::canCast), on any device. Throws c10::Error
   // naming the tensor and the file when the bytes cannot be read.
   virtual void read(const std::string& name, const Box& box, const at::Tensor& out) const = 0;
+  // Performs every read of `reads`, in any order; the default calls read() for each in turn. A
+  // reader that reads a batch faster than its parts (DCP plans one load for all of them)
+  // overrides it.
+  virtual void read_all(const std::vector<CheckpointRead>& reads) const;
 };
 
 // A safetensors checkpoint: a `.safetensors` file, a `model.safetensors.index.json` (or the

@@ -1,0 +1,12 @@
+// What every CheckpointReader does unless it knows better (torchdefer/checkpoint.h).
+#include <torchdefer/checkpoint.h>
+
+namespace torchdefer {
+
+void CheckpointReader::read_all(const std::vector<CheckpointRead>& reads) const {
+  for (const CheckpointRead& r : reads) {
+    read(r.name, r.box, r.out);
+  }
+}
+
+}  // namespace torchdefer
