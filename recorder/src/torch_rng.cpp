@@ -77,12 +77,19 @@ int64_t anchor_here(OpGraph& graph) {
 
 uint64_t per_element(bool two_words) { return two_words ? 2 : 1; }
 
-// Note [Draw counts by LibTorch version] (torch_compat.h) for float16/bfloat16.
-uint64_t normal_fill_draws(uint64_t n, c10::ScalarType dtype) {
+// Draws of normal_ on n ≥ 16 contiguous elements; none known for float16/bfloat16 under a
+// LibTorch whose count was not measured (Note [Draw counts by LibTorch version], torch_compat.h).
+std::optional<uint64_t> normal_fill_draws(uint64_t n, c10::ScalarType dtype) {
   const uint64_t tail = n % 16 == 0 ? 0 : 16;
-  if ((dtype == at::kHalf || dtype == at::kBFloat16) &&
-      kReducedFloatNormalDraws == ReducedFloatNormalDraws::kAlignedPrefix) {
-    return n - n % 16 + tail;
+  if (dtype == at::kHalf || dtype == at::kBFloat16) {
+    switch (kReducedFloatNormalDraws) {
+      case ReducedFloatNormalDraws::kAlignedPrefix:
+        return n - n % 16 + tail;
+      case ReducedFloatNormalDraws::kAsFloat32:
+        return n + tail;
+      case ReducedFloatNormalDraws::kUnmeasured:
+        return std::nullopt;
+    }
   }
   return (n + tail) * per_element(dtype == at::kDouble);
 }
@@ -149,10 +156,10 @@ DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Te
     case DrawRule::kUniform:
       return known(n * per_element(dtype == at::kDouble));
     case DrawRule::kNormal:
-      if (n >= 16 && target.is_contiguous() &&
-          (kReducedFloatNormalDraws != ReducedFloatNormalDraws::kUnmeasured ||
-           (dtype != at::kHalf && dtype != at::kBFloat16))) {
-        return known(normal_fill_draws(n, dtype));
+      if (n >= 16 && target.is_contiguous()) {
+        if (const std::optional<uint64_t> draws = normal_fill_draws(n, dtype)) {
+          return known(*draws);
+        }
       }
       return on_scratch();
     case DrawRule::kRandom: {
