@@ -44,6 +44,17 @@ constexpr OpInfo reads_values(std::string_view name, const char* api,
   return info;
 }
 
+constexpr OpInfo overwrites_self(OpInfo info) {
+  info.overwrites_self = true;
+  return info;
+}
+
+constexpr OpInfo overwrites_self(std::string_view name) {
+  OpInfo info;
+  info.name = name;
+  return overwrites_self(info);
+}
+
 constexpr OpInfo with_meta(OpInfo info, MetaRule meta) {
   info.meta = meta;
   return info;
@@ -65,22 +76,24 @@ using S = CounterSampler;
 // functional op, its in-place form and every overload.
 constexpr OpInfo kOps[] = {
     // Random ops. Counter parameters name the op's arguments; the rest of Note [Counter RNG].
-    random("aten::uniform_", D::kUniform, S::kUniform, {"from", 0}, {"to", 1}),
+    overwrites_self(random("aten::uniform_", D::kUniform, S::kUniform, {"from", 0}, {"to", 1})),
     random("aten::rand", D::kUniform, S::kUniform, {"", 0}, {"", 1}),
     random("aten::rand_like", D::kUniform, S::kUniform, {"", 0}, {"", 1}),
-    random("aten::normal_", D::kNormal, S::kNormal, {"mean", 0}, {"std", 1}),
+    overwrites_self(random("aten::normal_", D::kNormal, S::kNormal, {"mean", 0}, {"std", 1})),
     random("aten::normal", D::kNormal),
     random("aten::randn", D::kNormal, S::kNormal, {"", 0}, {"", 1}),
     random("aten::randn_like", D::kNormal, S::kNormal, {"", 0}, {"", 1}),
-    random("aten::random_", D::kRandom, S::kRandom),
+    overwrites_self(random("aten::random_", D::kRandom, S::kRandom)),
     random("aten::randint", D::kRandom, S::kRandint),
     random("aten::randint_like", D::kRandom, S::kRandint),
-    random("aten::cauchy_", D::kTwoPerElement, S::kCauchy, {"median", 0}, {"sigma", 1}),
-    random("aten::geometric_", D::kTwoPerElement, S::kGeometric, {"p", 0.5}),
-    random("aten::exponential_", D::kOnScratch, S::kExponential, {"lambd", 1}),
-    random("aten::log_normal_", D::kOnScratch, S::kLogNormal, {"mean", 1}, {"std", 2}),
-    random("aten::bernoulli_.float", D::kOnScratch, S::kBernoulli, {"p", 0.5}),
-    random("aten::bernoulli_.Tensor", D::kBernoulliTensor),
+    overwrites_self(
+        random("aten::cauchy_", D::kTwoPerElement, S::kCauchy, {"median", 0}, {"sigma", 1})),
+    overwrites_self(random("aten::geometric_", D::kTwoPerElement, S::kGeometric, {"p", 0.5})),
+    overwrites_self(random("aten::exponential_", D::kOnScratch, S::kExponential, {"lambd", 1})),
+    overwrites_self(
+        random("aten::log_normal_", D::kOnScratch, S::kLogNormal, {"mean", 1}, {"std", 2})),
+    overwrites_self(random("aten::bernoulli_.float", D::kOnScratch, S::kBernoulli, {"p", 0.5})),
+    overwrites_self(random("aten::bernoulli_.Tensor", D::kBernoulliTensor)),
     random("aten::bernoulli", D::kBernoulliTensor),
     random("aten::bernoulli.p", D::kOnScratch),
     random("aten::multinomial", D::kOnScratch),
@@ -110,6 +123,11 @@ constexpr OpInfo kOps[] = {
     factory("aten::new_ones"),
     factory("aten::new_full"),
     factory("aten::new_empty"),
+    // In-place writes of every element that read none (Note [Dead writes]); the random ones are
+    // marked where they are listed above.
+    overwrites_self("aten::fill_"),
+    overwrites_self("aten::zero_"),
+    overwrites_self("aten::copy_"),
     region("aten::cat", RegionRule::kJoinsInputs),
     region("aten::concat", RegionRule::kJoinsInputs),
     region("aten::concatenate", RegionRule::kJoinsInputs),

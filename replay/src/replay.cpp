@@ -2,6 +2,8 @@
 // that write their storages and the storages those read.
 #include <torchdefer/replay.h>
 
+#include "dead_writes.h"
+#include "fill_in_parts.h"
 #include "recorded_ops.h"
 
 #include <torchdefer/ambient_state.h>
@@ -110,9 +112,13 @@ void GraphReplay::plan() {
                 graph_->context(),
                 " wrote into a fake that deferred_init did not create (made under a plain "
                 "FakeMode or by another deferred_init), so its data has no recorded origin.");
-    for (const int64_t writer : record.writers) {
+    for (size_t i = 0; i < record.writers.size(); ++i) {
+      const int64_t writer = record.writers[i];
       if (writer >= stop_before_) {
         break;
+      }
+      if (overwritten_before_read(*graph_, record, i, stop_before_)) {
+        continue;  // Note [Dead writes]
       }
       nodes_.insert(writer);
       for (const RecordedInput& input : graph_->nodes()[writer].inputs) {
@@ -423,8 +429,10 @@ void GraphReplay::run_node(int64_t index) {
   const AmbientStateGuard ambient(node.ambient);
   if (node.draws && !config_.counter_rng && !device.is_cpu()) {
     call_on_cpu(node, stack, device);
-  } else {
-    node.op.callBoxed(&stack);
+  } else if (!(node.draws && !config_.counter_rng &&
+               node.draws->kind == RecordedDraws::Kind::kPlaced &&
+               run_fill_in_parts(node.op, stack, node.draws->draws))) {
+    node.op.callBoxed(&stack);  // Note [Torch-mode fills in parts] says when it runs whole
   }
   if (node.draws && node.draws->end_anchor >= 0 && !config_.counter_rng) {
     offer_end_anchor(*node.draws);

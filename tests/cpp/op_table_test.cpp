@@ -1,5 +1,6 @@
 // The op table against ATen: every entry names an operator this LibTorch has, and the meta rules
 // loading registered are Meta kernels only for ops torch had none for.
+#include <torchdefer/boxed_arguments.h>
 #include <torchdefer/op_table.h>
 #include <torchdefer/torchdefer.h>
 
@@ -56,6 +57,24 @@ TEST(OpTable, EveryRandomEntryDescribesOpsTaggedNondeterministicSeeded) {
       EXPECT_TRUE(is_random(op)) << op.operator_name();
     }
   }
+}
+
+TEST(OpTable, EveryOverwritesSelfEntryDescribesOpsThatWriteTheirFirstArgumentAlone) {
+  int entries = 0;
+  for (const OpInfo& info : op_table()) {
+    if (!info.overwrites_self) {
+      continue;
+    }
+    ++entries;
+    for (const c10::OperatorHandle& op : ops_of(info.name)) {
+      const auto& arguments = op.schema().arguments();
+      EXPECT_TRUE(writes_first_argument(op.schema())) << op.operator_name();
+      for (size_t i = 1; i < arguments.size(); ++i) {
+        EXPECT_FALSE(is_written(arguments[i])) << op.operator_name() << " " << arguments[i].name();
+      }
+    }
+  }
+  EXPECT_GT(entries, 0);
 }
 
 TEST(OpTable, OverloadEntriesWinOverTheirNameEntry) {

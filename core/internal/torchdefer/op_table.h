@@ -85,6 +85,9 @@ struct OpInfo {
   ValueRule values = ValueRule::kFromTags;
   const char* api = nullptr;  // how users call a value-reading op, for messages
   MetaRule meta = nullptr;
+  // Writes every element of its first argument (`self`), writes nothing else, and reads none of
+  // self's values: a write that replay may skip when the next one covers it (Note [Dead writes]).
+  bool overwrites_self = false;
 };
 
 // The entry for `op`: its overload's own entry if the table has one, else its name's; nullptr if
