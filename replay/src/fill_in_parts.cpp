@@ -101,7 +101,7 @@ at::CPUGeneratorImpl* cpu_impl(const at::Generator& generator) {
 }  // namespace
 
 bool run_fill_in_parts(const c10::OperatorHandle& op, torch::jit::Stack& stack, uint64_t draws,
-                       int64_t parts, int64_t min_part) {
+                       int64_t parts, int64_t min_part, const std::vector<PartwiseStep>& then) {
   const std::optional<Fill> fill = fill_of(op);
   if (!fill || stack.empty() || !stack[0].isTensor()) {
     return false;
@@ -142,6 +142,11 @@ bool run_fill_in_parts(const c10::OperatorHandle& op, torch::jit::Stack& stack, 
       part[*generator_argument] = own;
       op.callBoxed(&part);
       ends[p] = cpu_impl(own)->engine();
+      for (const PartwiseStep& step : then) {
+        torch::jit::Stack step_part = step.stack;
+        step_part[0] = flat.narrow(0, cuts[p].begin, cuts[p].length);
+        step.op.callBoxed(&step_part);
+      }
     }
   });
   {

@@ -6,6 +6,7 @@
 #include <ATen/core/stack.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace torchdefer::detail {
 
@@ -40,12 +41,31 @@ namespace torchdefer::detail {
 // every block boundary, offset views and part counts above the thread count.
 constexpr int64_t kMinPartElements = int64_t{1} << 18;
 
+// An in-place op that runs on each part after the fill: `stack` holds its arguments, the fill's
+// tensor first (Note [Pointwise ops after a fill run in its parts]).
+struct PartwiseStep {
+  c10::OperatorHandle op;
+  torch::jit::Stack stack;
+};
+
+// Note [Pointwise ops after a fill run in its parts]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Initializers rarely stop at a fill: the C++ trunc_normal_ idiom is uniform_, erfinv_, mul_,
+// clamp_ on the same tensor. Each of those is its own parallel region in ATen, and on a machine
+// whose cores are shared every region waits for its slowest thread to be scheduled. The in-place
+// ops that follow a split fill directly in the replay, on the same view, reading no other tensor
+// and on Note [Region-exact pointwise ops]'s list (whose bits on a region are the whole tensor's,
+// checked by the shard tests), run inside the fill's parallel region, each thread on its own
+// part: one region per tensor instead of one per op, each part still in cache from the fill.
+//
 // Runs random op `op`, called with `stack` (its arguments, in schema order), in parts when Note
 // [Torch-mode fills in parts] allows it, with the default CPU generator standing where the op's
-// `draws` start; then `stack` holds the op's result, the generator stands after the draws, and
-// the result is true. Returns false, having touched nothing, when the op must run whole. `parts`
-// caps the number of parts (0: the number of intra-op threads).
+// `draws` start, then `then` on each part in order; then `stack` holds the op's result, the
+// generator stands after the draws, and the result is true. Returns false, having touched
+// nothing and run none of `then`, when the op must run whole. `parts` caps the number of parts
+// (0: the number of intra-op threads).
 bool run_fill_in_parts(const c10::OperatorHandle& op, torch::jit::Stack& stack, uint64_t draws,
-                       int64_t parts = 0, int64_t min_part = kMinPartElements);
+                       int64_t parts = 0, int64_t min_part = kMinPartElements,
+                       const std::vector<PartwiseStep>& then = {});
 
 }  // namespace torchdefer::detail

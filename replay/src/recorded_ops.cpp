@@ -134,4 +134,30 @@ bool counter_fill_node(const RecordedNode& node, const at::Tensor& out, uint64_t
   return false;
 }
 
+RegionRule region_rule(const RecordedNode& node) {
+  std::string_view name = node.op.schema().name();
+  if (!name.empty() && name.back() == '_') {
+    name.remove_suffix(1);
+  }
+  const OpInfo* info = find_op_info(name);
+  return info != nullptr ? info->region : RegionRule::kFallsBack;
+}
+
+bool region_exact_pointwise(const RecordedNode& node, c10::ScalarType dtype) {
+  switch (region_rule(node)) {
+    case RegionRule::kExactPointwise:
+      return true;
+    case RegionRule::kExactUnitAlpha: {
+      const std::optional<double> alpha = double_argument(node, "alpha");
+      return !alpha || *alpha == 1.0 ||
+             (dtype != c10::ScalarType::Half && dtype != c10::ScalarType::BFloat16);
+    }
+    case RegionRule::kFallsBack:
+    case RegionRule::kFactory:
+    case RegionRule::kJoinsInputs:
+      return false;
+  }
+  return false;
+}
+
 }  // namespace torchdefer::detail

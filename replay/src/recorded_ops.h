@@ -4,6 +4,7 @@
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/counter_rng.h>
 #include <torchdefer/op_graph.h>
+#include <torchdefer/op_table.h>
 
 #include <optional>
 #include <string_view>
@@ -39,5 +40,23 @@ bool has_counter_definition(const RecordedNode& node);
 // no counter-mode definition.
 bool counter_fill_node(const RecordedNode& node, const at::Tensor& out, uint64_t seed,
                        const CounterRegion& region = {});
+
+// How region replay treats `node`: its op table RegionRule, looked up by name with an in-place
+// op's trailing underscore dropped.
+RegionRule region_rule(const RecordedNode& node);
+
+// Note [Region-exact pointwise ops]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A pointwise op computed on a region must give the bits it gives on the whole tensor. ATen does
+// not promise that: its CPU loops run a vectorized body and a scalar tail, and for some ops the
+// two differ in the last bit (sigmoid, exp2, pow with a fractional exponent, gelu in float32 and
+// float64; rsqrt in bfloat16; add/sub with alpha in float16 and bfloat16). Which elements land in
+// the tail depends on where a region starts, so such an op would make shards disagree with the
+// full tensor. Only ops whose results are exactly rounded or computed the same way on both paths
+// are listed here; tests/cpp/shard_test.cpp checks every one of them, for every floating dtype,
+// at region boundaries that are not vector aligned, so a PyTorch that changes a kernel fails CI
+// instead of producing shards that do not concatenate. Everything else falls back. The op table
+// (core/src/op_table.cpp) lists the ops, as RegionRule::kExactPointwise or kExactUnitAlpha.
+bool region_exact_pointwise(const RecordedNode& node, c10::ScalarType dtype);
 
 }  // namespace torchdefer::detail

@@ -182,15 +182,6 @@ Box to_base(const BoxView& view, const Box& view_box, size_t base_rank) {
 }
 
 // The op table's region rule for `node` (in-place and functional forms share one).
-RegionRule region_rule(const RecordedNode& node) {
-  std::string_view name = node.op.schema().name();
-  if (!name.empty() && name.back() == '_') {
-    name.remove_suffix(1);
-  }
-  const OpInfo* info = find_op_info(name);
-  return info != nullptr ? info->region : RegionRule::kFallsBack;
-}
-
 bool is_factory(const RecordedNode& node) { return region_rule(node) == RegionRule::kFactory; }
 
 // Note [Region rules for cat and stack]
@@ -221,34 +212,6 @@ c10::Scalar fill_value(const RecordedNode& node) {
     }
   }
   TORCH_CHECK(false, "torchdefer: ", node.op.schema().operator_name(), " has no fill_value");
-}
-
-// Note [Region-exact pointwise ops]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A pointwise op computed on a region must give the bits it gives on the whole tensor. ATen does
-// not promise that: its CPU loops run a vectorized body and a scalar tail, and for some ops the
-// two differ in the last bit (sigmoid, exp2, pow with a fractional exponent, gelu in float32 and
-// float64; rsqrt in bfloat16; add/sub with alpha in float16 and bfloat16). Which elements land in
-// the tail depends on where a region starts, so such an op would make shards disagree with the
-// full tensor. Only ops whose results are exactly rounded or computed the same way on both paths
-// are listed here; tests/cpp/shard_test.cpp checks every one of them, for every floating dtype,
-// at region boundaries that are not vector aligned, so a PyTorch that changes a kernel fails CI
-// instead of producing shards that do not concatenate. Everything else falls back. The op table
-// (core/src/op_table.cpp) lists the ops, as RegionRule::kExactPointwise or kExactUnitAlpha.
-bool region_exact_pointwise(const RecordedNode& node, c10::ScalarType dtype) {
-  switch (region_rule(node)) {
-    case RegionRule::kExactPointwise:
-      return true;
-    case RegionRule::kExactUnitAlpha: {
-      const std::optional<double> alpha = double_argument(node, "alpha");
-      return !alpha || *alpha == 1.0 ||
-             (dtype != c10::ScalarType::Half && dtype != c10::ScalarType::BFloat16);
-    }
-    case RegionRule::kFallsBack:
-    case RegionRule::kFactory:
-      return false;
-  }
-  return false;
 }
 
 // The box of an input of shape `input` that broadcasting maps onto `region` of an output of shape

@@ -414,11 +414,74 @@ void GraphReplay::call_on_cpu(const RecordedNode& node, torch::jit::Stack& stack
   }
 }
 
-void GraphReplay::run_node(int64_t index) {
+namespace {
+
+bool same_view(const RecordedValue& a, const RecordedValue& b) {
+  return a.storage == b.storage && a.sizes == b.sizes && a.strides == b.strides &&
+         a.storage_offset == b.storage_offset && a.dtype == b.dtype && a.device == b.device;
+}
+
+}  // namespace
+
+// The planned nodes right after random node `fill` that may run in its parts (Note [Pointwise ops
+// after a fill run in its parts]): in-place, on the very view the fill writes, reading no other
+// tensor, drawing nothing, under the same ambient state, region-exact for its dtype.
+std::vector<int64_t> GraphReplay::partwise_followers(std::set<int64_t>::const_iterator fill) const {
+  const RecordedNode& filler = graph_->nodes()[*fill];
+  if (filler.inputs.empty() || filler.inputs[0].kind != RecordedInput::Kind::kValue) {
+    return {};
+  }
+  const RecordedValue& target = graph_->values()[filler.inputs[0].value];
+  std::vector<int64_t> followers;
+  for (auto it = std::next(fill); it != nodes_.end(); ++it) {
+    const RecordedNode& node = graph_->nodes()[*it];
+    const bool follows = !node.draws && writes_first_argument(node.op.schema()) &&
+                         node.inputs.size() == 1 &&
+                         node.inputs[0].kind == RecordedInput::Kind::kValue &&
+                         same_view(graph_->values()[node.inputs[0].value], target) &&
+                         node.ambient.default_dtype == filler.ambient.default_dtype &&
+                         region_exact_pointwise(node, target.dtype);
+    if (!follows) {
+      break;
+    }
+    followers.push_back(*it);
+  }
+  return followers;
+}
+
+// Torch mode, on the CPU, the generator placed: runs the fill `node` in parts with the pointwise
+// ops after it when it can (Note [Torch-mode fills in parts]); returns how many nodes ran, 0 if
+// none did.
+int64_t GraphReplay::run_fill_in_parts_from(std::set<int64_t>::const_iterator fill,
+                                            torch::jit::Stack& stack, c10::Device device) {
+  const RecordedNode& node = graph_->nodes()[*fill];
+  if (node.draws->kind != RecordedDraws::Kind::kPlaced) {
+    return 0;
+  }
+  const std::vector<int64_t> followers = partwise_followers(fill);
+  std::vector<PartwiseStep> then;
+  then.reserve(followers.size());
+  for (const int64_t index : followers) {
+    const RecordedNode& follower = graph_->nodes()[index];
+    then.push_back({follower.op, node_stack(
+                                     follower,
+                                     [&](size_t, const RecordedInput& input) {
+                                       return input_tensor(input, device);
+                                     },
+                                     device)});
+  }
+  if (!run_fill_in_parts(node.op, stack, node.draws->draws, 0, kMinPartElements, then)) {
+    return 0;
+  }
+  return 1 + static_cast<int64_t>(followers.size());
+}
+
+int64_t GraphReplay::run_node(std::set<int64_t>::const_iterator position) {
+  const int64_t index = *position;
   const RecordedNode& node = graph_->nodes()[index];
   const c10::Device device = node_device(node);
   if (node.draws && config_.counter_rng && run_counter_node(index, node, device)) {
-    return;
+    return 1;
   }
   torch::jit::Stack stack = node_stack(
       node, [&](size_t, const RecordedInput& input) { return input_tensor(input, device); },
@@ -427,12 +490,17 @@ void GraphReplay::run_node(int64_t index) {
     place_generator(*node.draws);
   }
   const AmbientStateGuard ambient(node.ambient);
+  int64_t ran = 1;
   if (node.draws && !config_.counter_rng && !device.is_cpu()) {
     call_on_cpu(node, stack, device);
-  } else if (!(node.draws && !config_.counter_rng &&
-               node.draws->kind == RecordedDraws::Kind::kPlaced &&
-               run_fill_in_parts(node.op, stack, node.draws->draws))) {
-    node.op.callBoxed(&stack);  // Note [Torch-mode fills in parts] says when it runs whole
+  } else if (node.draws && !config_.counter_rng) {
+    ran = run_fill_in_parts_from(position, stack, device);
+    if (ran == 0) {
+      node.op.callBoxed(&stack);  // Note [Torch-mode fills in parts] says when it runs whole
+      ran = 1;
+    }
+  } else {
+    node.op.callBoxed(&stack);
   }
   if (node.draws && node.draws->end_anchor >= 0 && !config_.counter_rng) {
     offer_end_anchor(*node.draws);
@@ -453,6 +521,7 @@ void GraphReplay::run_node(int64_t index) {
       return t;
     });
   }
+  return ran;
 }
 
 // A value-dependent sampler just ran on the default CPU generator: the state it left is its lazy
@@ -473,10 +542,11 @@ void GraphReplay::run(const ForeignValues& foreign,
   RealOnlyGuard real_only;
   c10::AutoGradMode no_grad(false);
   GeneratorLoan restore_generator;
-  for (const int64_t index : nodes_) {
-    run_node(index);
-    if (on_node) {
-      on_node(op_name(graph_->nodes()[index]));
+  for (auto position = nodes_.begin(); position != nodes_.end();) {
+    for (int64_t ran = run_node(position); ran > 0; --ran, ++position) {
+      if (on_node) {
+        on_node(op_name(graph_->nodes()[*position]));
+      }
     }
   }
   foreign_ = nullptr;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "bench/models/llama.h"
 #include "replay/src/fill_in_parts.h"
 #include "tests/cpp/test_util.h"
 
@@ -133,20 +134,25 @@ TEST(FillInParts, RunsWholeWhatItsDrawOrderDoesNotAllowToSplit) {
 }
 
 // End to end: modules with weights large enough to be filled in parts, initialized twice (the
-// first fill is a dead write, Note [Dead writes]), materialize to eager construction's bits, and
-// leave the generator where eager does.
+// first fill is a dead write, Note [Dead writes]) and through chains of in-place ops after the
+// fill (Note [Pointwise ops after a fill run in its parts]), some of which may not run in parts
+// (sigmoid_ is not region-exact; add_ with alpha in bfloat16 neither), materialize to eager
+// construction's bits and leave the generator where eager does.
 struct TwiceInitializedImpl : torch::nn::Module {
   TwiceInitializedImpl() {
     torch::NoGradGuard no_grad;
     wide = register_module("wide", torch::nn::Linear(1024, 601));  // kaiming_uniform_, bias
     table = register_module("table", torch::nn::Embedding(4097, 129));
     doubles = register_buffer("doubles", torch::empty({600001}, torch::kDouble).uniform_(-1, 1));
-    wide->weight.normal_(0, 0.02);
-    table->weight.uniform_(-0.5, 0.5);
+    doubles.mul_(3).add_(1);
+    halves = register_buffer("halves", torch::empty({700001}, torch::kBFloat16).uniform_());
+    halves.add_(halves.new_full({}, 1), /*alpha=*/3).neg_();
+    models::trunc_normal_(wide->weight, 0.02, -0.04, 0.04);
+    table->weight.uniform_(-0.5, 0.5).sigmoid_().mul_(3);
   }
   torch::nn::Linear wide{nullptr};
   torch::nn::Embedding table{nullptr};
-  at::Tensor doubles;
+  at::Tensor doubles, halves;
 };
 TORCH_MODULE(TwiceInitialized);
 
@@ -166,6 +172,7 @@ TEST(FillInParts, LargeFillsMaterializeToEagerBitsOnTwoThreads) {
     EXPECT_TRUE(bitwise_equal(item.value(), eager_tensors[item.key()])) << item.key();
   }
   EXPECT_TRUE(bitwise_equal(deferred->doubles, eager->doubles));
+  EXPECT_TRUE(bitwise_equal(deferred->halves, eager->halves));
 }
 
 }  // namespace

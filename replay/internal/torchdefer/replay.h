@@ -83,7 +83,12 @@ class GraphReplay {
   bool run_counter_node(int64_t index, const RecordedNode& node, c10::Device device);
   void check_replayed_output(const RecordedNode& node, const RecordedValue& value,
                              const at::Tensor& real) const;
-  void run_node(int64_t index);
+  // Runs the node at `position` of nodes_, and the ones after it that run in its parts; returns
+  // how many ran.
+  int64_t run_node(std::set<int64_t>::const_iterator position);
+  std::vector<int64_t> partwise_followers(std::set<int64_t>::const_iterator fill) const;
+  int64_t run_fill_in_parts_from(std::set<int64_t>::const_iterator fill, torch::jit::Stack& stack,
+                                 c10::Device device);
   const c10::Storage& real_storage(int64_t storage) const;
 
   std::shared_ptr<OpGraph> graph_;
