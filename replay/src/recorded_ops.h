@@ -56,7 +56,9 @@ RegionRule region_rule(const RecordedNode& node);
 // are listed here; tests/cpp/shard_test.cpp checks every one of them, for every floating dtype,
 // at region boundaries that are not vector aligned, so a PyTorch that changes a kernel fails CI
 // instead of producing shards that do not concatenate. Everything else falls back. The op table
-// (core/src/op_table.cpp) lists the ops, as RegionRule::kExactPointwise or kExactUnitAlpha.
+// (core/src/op_table.cpp) lists the ops, as RegionRule::kExactPointwise or kExactUnitAlpha. The
+// whole-tensor replay relies on the same list to run in-place ops in a fill's parts (Note
+// [Pointwise ops after a fill run in its parts]).
 bool region_exact_pointwise(const RecordedNode& node, c10::ScalarType dtype);
 
 }  // namespace torchdefer::detail
