@@ -105,7 +105,7 @@ constexpr OpInfo kOps[] = {
     random("aten::rrelu_", D::kOnScratchWithValues),
     with_meta(random("aten::rrelu_with_noise", D::kOnScratchWithValues), rules::same_shape),
     random("aten::rrelu_with_noise_", D::kOnScratchWithValues),
-    random("torchdefer::trunc_normal_", D::kValueDependent, S::kTruncatedNormal),
+    overwrites_self(random("torchdefer::trunc_normal_", D::kValueDependent, S::kTruncatedNormal)),
     with_meta(random("aten::randperm", D::kOnScratch), rules::randperm),
     with_meta(random("aten::randperm.generator", D::kOnScratch), rules::randperm),
 

@@ -61,6 +61,18 @@ TEST(DeadWrites, ALinearsKaimingFillIsSkippedWhenTheModelReinitializesItsWeight)
   EXPECT_THAT(ops, Not(Contains("aten::uniform_")));
 }
 
+TEST(DeadWrites, AFillCoveredByAValueDependentSamplerIsSkippedAndTheSamplerIsNot) {
+  const auto ops = replayed_ops([] {
+    torch::NoGradGuard no_grad;
+    torch::nn::Linear linear(torch::nn::LinearOptions(24, 10).bias(false));
+    testing::trunc_normal_(linear->weight, 0, 0.02, -0.04, 0.04);
+    at::Tensor after = torch::randn({20});  // placed after the sampler's lazy anchor
+    return std::vector<at::Tensor>{linear->weight, after};
+  });
+  EXPECT_THAT(ops, Not(Contains("aten::uniform_")));
+  EXPECT_THAT(ops, Contains("torchdefer::trunc_normal_"));
+}
+
 TEST(DeadWrites, ACoveringWriteThroughAnEarlierViewOfAnotherShapeCounts) {
   const auto ops = replayed_ops([] {
     torch::NoGradGuard no_grad;
