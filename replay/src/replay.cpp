@@ -455,8 +455,10 @@ std::vector<int64_t> GraphReplay::partwise_followers(std::set<int64_t>::const_it
 int64_t GraphReplay::run_fill_in_parts_from(std::set<int64_t>::const_iterator fill,
                                             torch::jit::Stack& stack, c10::Device device) {
   const RecordedNode& node = graph_->nodes()[*fill];
-  if (node.draws->kind != RecordedDraws::Kind::kPlaced) {
-    return 0;
+  const bool large =
+      !stack.empty() && stack[0].isTensor() && stack[0].toTensor().numel() >= 2 * kMinPartElements;
+  if (node.draws->kind != RecordedDraws::Kind::kPlaced || !large) {
+    return 0;  // not worth building the followers' stacks
   }
   const std::vector<int64_t> followers = partwise_followers(fill);
   std::vector<PartwiseStep> then;
