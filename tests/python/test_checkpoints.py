@@ -492,3 +492,25 @@ def test_a_fully_sharded_model_reads_its_local_shards_and_initializes_the_rest(t
     }
     torch.save(saved, tmp_path / "saved.pt")
     run_ranks(tmp_path, 2, fully_sharded_checkpoint_worker, str(tmp_path / "saved.pt"))
+
+
+def test_the_checkpoint_harness_writes_its_section_between_its_markers_and_keeps_the_rest(tmp_path):
+    import pathlib
+    import sys
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(repo))  # bench/ is not installed
+    from bench.harness import checkpoint as harness
+
+    results = json.loads((repo / "docs" / "benchmarks-checkpoint.json").read_text())
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n\n<!-- bench.harness.distributed: begin -->\nkept\n<!-- bench.harness.distributed: end -->\n")
+    text = harness.section(results)
+    assert text.startswith(harness.BEGIN) and text.rstrip().endswith(harness.END)
+    for strategy in harness.STRATEGIES + harness.FSDP2_STRATEGIES:
+        assert f"| `{strategy}` |" in text, strategy
+    harness.write_section(page, text)
+    harness.write_section(page, text)  # replaced, not appended again
+    written = page.read_text()
+    assert written.count(harness.BEGIN) == 1 and "kept\n" in written
+    assert written.index("bench.harness.distributed: end") < written.index(harness.BEGIN)
