@@ -5,10 +5,12 @@
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/torch_compat.h>
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
@@ -211,6 +213,12 @@ void Materialization::commit() noexcept {
   for (const LocalShard& loaded : loaded_whole_) {
     fake_impl(loaded.fake)->shallow_copy_from(loaded.local.getIntrusivePtr());
   }
+  for (const LocalShard& loaded : loaded_real_) {
+    // Note [Loading a tensor real at record time]: in place, as load_state_dict copies.
+    const c10::InferenceMode inference(loaded.fake.is_inference());
+    const at::NoGradGuard no_grad;
+    loaded.fake.detach().copy_(loaded.local);
+  }
   for (const LocalShard& shard : shards_) {
     fake_impl(shard.fake)->shallow_copy_from(shard.local.getIntrusivePtr());
     set_shard_info(shard.fake, shard.info);
@@ -247,15 +255,28 @@ const at::Tensor& Materialization::add_real_shard(const NamedTensor& entry, cons
 // told its storage turned real, so another fake of the recording that reads it still computes
 // the values construction gave it (what eager construction followed by load_state_dict leaves
 // in a buffer derived from a parameter). A whole tensor keeps the strides the recording gave it.
+//
+// Note [Loading a tensor real at record time]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A parameter or buffer that construction made real (`torch.tensor(2.5)`, Note [Real tensors of
+// a sharded module]) and that the checkpoint holds is read like a fake, into a tensor of its own,
+// and takes the values only at commit, after every replay has run: a fake of the call computed
+// from it gets the value construction gave it (as eager construction followed by
+// load_state_dict leaves a buffer derived from a parameter), and a failed read or replay leaves
+// it untouched. Kept whole, it is copied into in place at commit, as load_state_dict does: the
+// same tensor, its storage and every view of it keep being one (so no tie breaks) and its
+// version counter moves on. As this rank's box, it is swapped for the box read, as a sharded call
+// swaps it for its slice. Until commit the process holds the tensor and its read copy.
 int64_t Materialization::add_loaded(const NamedTensor& entry, const std::optional<Box>& box,
                                     const std::string& key) {
   const at::Tensor& fake = entry.tensor;
-  const auto tensor_options = at::TensorOptions()
-                                  .dtype(fake.scalar_type())
-                                  .device(options_.device().value_or(fake.device()));
+  const bool real = !is_fake(fake);
+  const c10::Device device =
+      real && !box ? fake.device() : options_.device().value_or(fake.device());
+  const auto tensor_options = at::TensorOptions().dtype(fake.scalar_type()).device(device);
   const Box region = box.value_or(whole(fake.sizes()));
   reads_.push_back({key, region, at::empty(region.sizes(), tensor_options)});
-  loads_.push_back({entry, box});
+  loads_.push_back({entry, box, real});
   const std::vector<int64_t> kept = box ? kept_sizes(*box, options_, entry) : fake.sizes().vec();
   return c10::multiply_integers(kept) * static_cast<int64_t>(fake.element_size());
 }
@@ -277,7 +298,12 @@ void Materialization::read_checkpoint() {
     if (const std::optional<Box>& box = loads_[i].box) {
       local = own(local, *box, options_, loads_[i].entry);
       ShardInfo info{fake.sizes().vec(), *box, local.sizes().vec() != box->sizes()};
-      shards_.push_back({fake, std::move(local), std::move(info)});
+      (loads_[i].real ? real_shards_ : shards_)
+          .push_back({fake, std::move(local), std::move(info)});
+      continue;
+    }
+    if (loads_[i].real) {
+      loaded_real_.push_back({fake, std::move(local), ShardInfo{}});
       continue;
     }
     if (!fake.is_contiguous() && fake.is_non_overlapping_and_dense()) {

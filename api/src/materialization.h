@@ -69,7 +69,8 @@ class Materialization {
   // Allocates `entry`'s `box` (the whole tensor for nullopt), in its dtype on the target
   // device, for run() to read from the options' checkpoint under `key` together with every
   // other such tensor, and to commit with the rest; returns the bytes it keeps (Note [Loading
-  // is committed with the rest]).
+  // is committed with the rest]). `entry` may be a tensor real at record time (Note [Loading a
+  // tensor real at record time]).
   int64_t add_loaded(const NamedTensor& entry, const std::optional<Box>& box,
                      const std::string& key);
 
@@ -94,6 +95,7 @@ class Materialization {
   struct Load {
     NamedTensor entry;
     std::optional<Box> box;
+    bool real = false;  // entry is real at record time
   };
 
   Group& group_of(const std::shared_ptr<OpGraph>& graph);
@@ -110,6 +112,7 @@ class Materialization {
   std::vector<LocalShard> shards_;
   std::vector<LocalShard> real_shards_;
   std::vector<LocalShard> loaded_whole_;  // info unused: whole tensors are no shards
+  std::vector<LocalShard> loaded_real_;   // whole real tensors and their read values; info unused
   std::vector<CheckpointRead> reads_;     // for read_checkpoint(), with their loads_
   std::vector<Load> loads_;
 };

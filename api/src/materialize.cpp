@@ -43,7 +43,8 @@ bool real_at_record_time(const at::Tensor& t) {
 constexpr const char* kRealAtRecordTime = "real at record time";
 
 // The fake parameters and buffers materialize_module reaches, each TensorImpl once; for a
-// sharded call also the real ones (Note [Real tensors of a sharded module]).
+// sharded call or one with a checkpoint also the real ones (Note [Real tensors of a sharded
+// module], Note [Loading a tensor real at record time]).
 class ModuleTensors {
  public:
   explicit ModuleTensors(const MaterializeOptions& options) : options_(options) {}
@@ -77,7 +78,8 @@ class ModuleTensors {
 
  private:
   void add(std::string name, const at::Tensor& t, bool parameter) {
-    const bool wanted = is_fake(t) || (options_.sharded() && real_at_record_time(t));
+    const bool wanted =
+        is_fake(t) || ((options_.sharded() || options_.checkpoint()) && real_at_record_time(t));
     if (wanted && seen_.insert(t.unsafeGetTensorImpl()).second) {
       entries_.push_back({std::move(name), t, parameter});
     }
@@ -153,6 +155,17 @@ void plan_loaded(const NamedTensor& entry, const std::optional<Box>& box, const 
   stats.bytes_kept = materialization.add_loaded(entry, box, key);
 }
 
+// Reads `entry`, real at record time, from the checkpoint under `key` (its box when `box`),
+// to take the values at commit (Note [Loading a tensor real at record time]); its stats.
+TensorStats plan_loaded_real(const NamedTensor& entry, const std::optional<Box>& box,
+                             const std::string& key, detail::Materialization& materialization) {
+  TensorStats stats;
+  stats.name = entry.name;
+  stats.global_sizes = entry.tensor.sizes().vec();
+  plan_loaded(entry, box, key, stats, materialization);
+  return stats;
+}
+
 MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
                                      const MaterializeOptions& options,
                                      const detail::CheckpointPlan& checkpoint) {
@@ -164,7 +177,12 @@ MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
   detail::ProgressReporter progress(options, fakes);
   for (const NamedTensor& entry : tensors) {
     if (real_at_record_time(entry.tensor)) {
-      plan_real(entry, options, stats, materialization);
+      if (const std::string* key = checkpoint.key(entry.tensor)) {
+        stats.tensors.push_back(
+            plan_loaded_real(entry, box_of(entry, options), *key, materialization));
+      } else {
+        plan_real(entry, options, stats, materialization);
+      }
       continue;
     }
     if (!is_fake(entry.tensor)) {
@@ -223,8 +241,10 @@ const ReplayValueReader kValueReader;
     (detail::install_value_reader(kValueReader), true);
 
 // The checkpoint's plan for a call, checked (Note [Checking a checkpoint first]); empty
-// without a checkpoint. A tensor real at record time is not read: its value is not the
-// recording's to replace (Note [Real tensors of a sharded module]), so it is refused by name.
+// without a checkpoint. A tensor real at record time is read when it is among the call's
+// tensors (Note [Loading a tensor real at record time]); one the checkpoint holds that the call
+// was not given (a caller that passes only fakes, a subtree check_fn skips) is refused by name
+// rather than left with construction's values.
 detail::CheckpointPlan checkpoint_plan(const std::vector<NamedTensor>& tensors,
                                        const std::vector<NamedTensor>& module_tensors,
                                        const MaterializeOptions& options) {
@@ -232,18 +252,25 @@ detail::CheckpointPlan checkpoint_plan(const std::vector<NamedTensor>& tensors,
     return {};
   }
   detail::CheckpointPlan plan = detail::plan_checkpoint(options, module_tensors, tensors);
+  std::unordered_set<const c10::TensorImpl*> given;
+  for (const NamedTensor& t : tensors) {
+    given.insert(t.tensor.unsafeGetTensorImpl());
+  }
   std::vector<std::string> real;
   for (const NamedTensor& t : module_tensors) {
     const std::string* key = plan.key(t.tensor);
-    if (real_at_record_time(t.tensor) && key != nullptr && !options.buffers_only() &&
+    if (real_at_record_time(t.tensor) && key != nullptr &&
+        !(options.buffers_only() && t.parameter) &&
+        given.count(t.tensor.unsafeGetTensorImpl()) == 0 &&
         std::find(real.begin(), real.end(), *key) == real.end()) {
       real.push_back(*key);  // once, though the module lists a tensor under each of its names
     }
   }
   TORCH_CHECK(real.empty(), "torchdefer: the checkpoint holds ", c10::Join(", ", real),
-              ", which construction made real (not a recorded fake), so materializing does not "
-              "replace it; nothing was loaded. Copy those values in yourself and leave them out "
-              "of the checkpoint (pass a mapping without them).");
+              ", which construction made real (not a recorded fake) and which this call does "
+              "not materialize, so it cannot be loaded; nothing was loaded. Materialize it in "
+              "this call (it is loaded when among the call's tensors) or leave it out of the "
+              "checkpoint (pass a mapping without it).");
   return plan;
 }
 
@@ -270,6 +297,10 @@ MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tenso
   detail::Materialization materialization(options);
   for (const NamedTensor& entry : tensors) {
     if (!is_fake(entry.tensor)) {
+      const std::string* key = checkpoint.key(entry.tensor);
+      if (key != nullptr && real_at_record_time(entry.tensor)) {
+        stats.tensors.push_back(plan_loaded_real(entry, std::nullopt, *key, materialization));
+      }
       continue;
     }
     const auto bytes = static_cast<int64_t>(entry.tensor.nbytes());

@@ -1,9 +1,12 @@
 """Loading a checkpoint: peak RSS and time of each way to get a model's weights from disk into a
-module, each in a process of its own (docs/checkpoints.md#measured).
+module, each in a process of its own (docs/checkpoints.md#measured, docs/benchmarks.md's
+checkpoint section).
 
     python3 -m bench.harness.checkpoint --dir /tmp/ckpt-bench          # saves once, then measures
     python3 -m bench.harness.checkpoint --dir /tmp/ckpt-bench --reps 3 --hidden 1024 --layers 8
-    python3 -m bench.harness.checkpoint --dir /tmp/ckpt-bench --read-speed  # vs cat and preadv
+    python3 -m bench.harness.checkpoint --dir /tmp/ckpt-bench --only "" --read-speed  # vs cat and preadv
+    python3 -m bench.harness.checkpoint --dir /tmp/ckpt-bench --only "" --world 2     # FSDP2 only
+    python3 -m bench.harness.checkpoint --dir /tmp/ckpt-bench --reps 2 --world 2 --read-speed --docs
 
 Strategies:
   hf-from-pretrained   transformers' from_pretrained of the save_pretrained directory
@@ -19,10 +22,11 @@ Strategies:
                        dcp.load(model.state_dict()) (non-persistent buffers, absent from the
                        checkpoint, are left as to_empty leaves them)
 
-    python3 -m bench.harness.checkpoint --dir /tmp/ckpt-bench --only "" --world 2   # FSDP2 only
 Peak RSS is taken after every value was read once (a tensor backed by the file's mapping is not
-resident before). And `cat` of the safetensors files to /dev/null, the read ceiling (warm page cache: every
-strategy runs after the files were read once, so all of them read from the page cache).
+resident before). `cat` of the safetensors files to /dev/null is the read ceiling (warm page
+cache: every strategy runs after the files were read once, so all of them read from the page
+cache). --docs writes docs/benchmarks-checkpoint.json and the section of docs/benchmarks.md
+between this harness's markers (bench.harness.run keeps it when it rewrites the page).
 """
 
 from __future__ import annotations
@@ -230,8 +234,8 @@ def first_touch_seconds(nbytes: int) -> float:
 
 def preadv_seconds(root: Path, touched: bool) -> float:
     """Reads every safetensors file with one preadv into a torch.empty buffer of its size,
-    first touched (written once) or fresh: the latter is what the reader did before
-    Note [The destination's first touch]."""
+    first touched (written once) or fresh: the reader's destinations are fresh, allocated for
+    the call (Note [One read for every tensor of a call] in api/src/materialization.cpp)."""
     files = safetensors_files(root)
     buffers = [torch.empty(p.stat().st_size, dtype=torch.uint8) for p in files]
     if touched:
@@ -307,7 +311,176 @@ def read_speed(root: Path, hidden: int, layers: int, reps: int) -> Dict[str, flo
     return med
 
 
+STRATEGY_DESCRIPTIONS = {
+    "hf-from-pretrained": "`AutoModelForCausalLM.from_pretrained(dir)`",
+    "meta-assign": "the model built on the meta device, `safetensors.torch.load_file` of every file, "
+    "`load_state_dict(assign=True)`",
+    "td-safetensors": "`deferred_init(from_config)` + `materialize_module(checkpoint=dir)`",
+    "td-safetensors-r0of8": "the same, rank 0 of 8 (`shard=Shard(0, 8)`)",
+    "td-dcp": "`deferred_init(from_config)` + `materialize_module(checkpoint=dcp_dir)`",
+    "td-dcp-r0of8": "the same, rank 0 of 8",
+    "td-dcp-fsdp2": "`deferred_init(from_config)` + `fully_shard` + `materialize_module(checkpoint=dcp_dir)`",
+    "meta-dcp-fsdp2": "the meta device + `fully_shard` + `to_empty` + `dcp.load(model.state_dict())` "
+    "(torchtitan's way)",
+}
+# This section's markers in docs/benchmarks.md; bench.harness.run keeps what they enclose.
+BEGIN = "<!-- bench.harness.checkpoint: begin -->"
+END = "<!-- bench.harness.checkpoint: end -->"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_strategies(args: argparse.Namespace) -> List[Dict[str, Any]]:
+    """Each strategy of --only, --reps times in a process of its own; one row of medians each."""
+    rows = []
+    print(f"{'strategy':22} {'wall s':>8} {'mat. s':>8} {'peak RSS MB':>12} {'base MB':>8} {'kept MB':>8}")
+    for strategy in filter(None, args.only.split(",")):
+        runs = []
+        load = os.getloadavg()[0]
+        for _ in range(args.reps):
+            out = subprocess.run(
+                [sys.executable, "-m", "bench.harness.checkpoint", "--dir", str(args.dir),
+                 "--hidden", str(args.hidden), "--layers", str(args.layers), "--strategy", strategy],
+                capture_output=True, text=True, check=True, env=dict(os.environ),
+            )
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if isinstance(runs[0][k], (int, float))}
+        med.update(strategy=strategy, wall_runs=[r["wall_s"] for r in runs], load=[load, os.getloadavg()[0]])
+        rows.append(med)
+        print(f"{strategy:22} {med['wall_s']:8.2f} {med.get('materialize_s', float('nan')):8.2f} "
+              f"{med['peak_rss_bytes'] / 1e6:12.0f} {med['baseline_rss_bytes'] / 1e6:8.0f} "
+              f"{med['bytes_kept'] / 1e6:8.0f}", flush=True)
+    return rows
+
+
+def print_fsdp2(rows: List[Dict[str, Any]]) -> None:
+    print(f"{'FSDP2 strategy':22} {'rank':>6} {'wall s':>8} {'load s':>8} {'peak RSS MB':>12} "
+          f"{'base MB':>8} {'kept MB':>8}")
+    for r in rows:
+        print(f"{r['strategy']:22} {r['rank']:>3}/{r['world']:<2} {r['wall_s']:8.2f} {r['load_s']:8.2f} "
+              f"{r['peak_rss_bytes'] / 1e6:12.0f} {r['baseline_rss_bytes'] / 1e6:8.0f} "
+              f"{r['bytes_kept'] / 1e6:8.0f}", flush=True)
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.0f}"
+
+
+def _load(pair: List[float]) -> str:
+    return f"{pair[0]:.1f}–{pair[1]:.1f}"
+
+
+def section(results: Dict[str, Any]) -> str:
+    """docs/benchmarks.md's section for issue 16's item 5, between this harness's markers."""
+    from bench.harness import report
+
+    reps = results["reps"]
+    parts = [
+        BEGIN,
+        "## Loading a checkpoint: peak memory and time (issue 16)",
+        "",
+        "Generated by `bench/harness/checkpoint.py`; do not edit by hand (the sections above are "
+        "generated by other harnesses and left as they are). docs/checkpoints.md says how the reader works.",
+        "",
+        f"- **Command**: `{results['command']}`",
+        f"- **Machine**: {report.describe_machine(results['machine'])}",
+        f"- **Model**: a Hugging Face Llama of hidden size {results['hidden']}, {results['layers']} layers, "
+        f"vocabulary 32000, in float32: {_mb(results['file_bytes'])} MB in "
+        f"{results['files']} safetensors file{'s' if results['files'] > 1 else ''} written by `save_pretrained(max_shard_size=\"200MB\")`, and the "
+        "same state dict written by `torch.distributed.checkpoint.save` from one process.",
+        f"- **Run**: {results['started']}, {results['duration_s'] / 60:.1f} min; 1-minute load average "
+        f"{results['machine']['load_average']:.1f} at the start and {results['load_average_end']:.1f} at the end "
+        f"(each row's own in the table; the machine has {results['machine']['cores']} cores and was shared with "
+        "other work, so times vary between runs by up to a factor of two; peaks do not).",
+        f"- **Ceiling**: `cat` of the safetensors files to `/dev/null`, warm page cache: "
+        f"{results['cat_s']:.3f} s ({results['file_bytes'] / results['cat_s'] / 1e9:.2f} GB/s).",
+        "",
+        "Each row runs in a fresh process, the files in the page cache (read once before). *Peak RSS* is "
+        "the process's `VmHWM` after every value was read once (a tensor backed by the file's mapping, as "
+        "`from_pretrained`'s and `load_file`'s are, is resident only once read); *baseline* its RSS before "
+        "the strategy started (Python, torch, transformers); *kept* the bytes of the model's tensors. "
+        "*Time* is from the start of the strategy (the recording included for torchdefer) to a loaded "
+        f"model; *load* is `materialize_module` alone. {'Medians of ' + str(reps) + ' runs, each run in parentheses.' if reps > 1 else 'One run.'}",
+        "",
+        "| strategy | what it does | time (s) | load (s) | peak RSS (MB) | baseline (MB) | kept (MB) | over baseline + kept (MB) | load avg |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["strategies"]:
+        walls = " / ".join(f"{w:.2f}" for w in r["wall_runs"])
+        time_cell = f"{r['wall_s']:.2f}" + (f" ({walls})" if reps > 1 else "")
+        load_cell = f"{r['materialize_s']:.2f}" if "materialize_s" in r else "—"
+        over = r["peak_rss_bytes"] - r["baseline_rss_bytes"] - r["bytes_kept"]
+        parts.append(f"| `{r['strategy']}` | {STRATEGY_DESCRIPTIONS[r['strategy']]} | {time_cell} | {load_cell} | "
+                     f"{_mb(r['peak_rss_bytes'])} | {_mb(r['baseline_rss_bytes'])} | {_mb(r['bytes_kept'])} | "
+                     f"{_mb(over)} | {_load(r['load'])} |")
+    if results["fsdp2"]:
+        world = results["fsdp2"][0]["world"]
+        parts += [
+            "",
+            f"Into FSDP2 ({world} ranks, one process each, Gloo over a FileStore; every decoder layer and the root "
+            "`fully_shard`ed; the process group is set up before the clock starts), from the DCP directory. "
+            "Per rank, rank 0 first; *load* is from the sharded model to loaded weights. 1-minute load average "
+            f"{_load(results['fsdp2_load'])}.",
+            "",
+            "| strategy | what it does | time (s) | load (s) | peak RSS (MB) | baseline (MB) | kept (MB) | over baseline + kept (MB) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for strategy in FSDP2_STRATEGIES:
+            ranks = sorted((r for r in results["fsdp2"] if r["strategy"] == strategy), key=lambda r: r["rank"])
+            if not ranks:
+                continue
+
+            def cell(key: str, fmt: Any) -> str:
+                return " / ".join(fmt(key(r) if callable(key) else r[key]) for r in ranks)
+
+            def secs(x: float) -> str:
+                return f"{x:.2f}"
+
+            def over(r: Dict[str, Any]) -> float:
+                return r["peak_rss_bytes"] - r["baseline_rss_bytes"] - r["bytes_kept"]
+
+            parts.append(
+                f"| `{strategy}` | {STRATEGY_DESCRIPTIONS[strategy]} | {cell('wall_s', secs)} | "
+                f"{cell('load_s', secs)} | {cell('peak_rss_bytes', _mb)} | {cell('baseline_rss_bytes', _mb)} | "
+                f"{cell('bytes_kept', _mb)} | {cell(over, _mb)} |")
+    speed = results.get("read_speed")
+    if speed:
+        nbytes = results["file_bytes"]
+
+        def rate(key: str) -> str:
+            return f"{speed[key]:.3f} s ({nbytes / speed[key] / 1e6:,.0f} MB/s)"
+
+        parts += [
+            "",
+            f"Read speed (`--read-speed`, medians of {speed['reps']} round{'s' if speed['reps'] > 1 else ''} in one process, each round: warm `cat`, "
+            "one `preadv` per file into fresh and into already written memory, mapping as much fresh memory "
+            "with `MAP_POPULATE` alone, the whole model's `materialize_module(checkpoint=dir)`; then, the files "
+            "evicted (`POSIX_FADV_DONTNEED`), `cat` and `materialize_module` cold; 1-minute load average "
+            f"{_load(speed['load'])}):",
+            "",
+            "| | `cat` | `preadv`, fresh memory | `preadv`, written memory | fresh memory alone | `materialize_module` | reader / `cat` |",
+            "|---|---|---|---|---|---|---|",
+            f"| warm | {rate('warm_cat')} | {rate('warm_preadv_fresh')} | {rate('warm_preadv_touched')} | "
+            f"{speed['first_touch']:.3f} s | {rate('warm_materialize')} | {speed['warm_cat'] / speed['warm_materialize']:.0%} |",
+            f"| cold | {rate('cold_cat')} | | | | {rate('cold_materialize')} | "
+            f"{speed['cold_cat'] / speed['cold_materialize']:.0%} |",
+        ]
+    parts.append(END)
+    return "\n".join(parts) + "\n"
+
+
+def write_section(page: Path, text: str) -> None:
+    """Replaces the text between this harness's markers, or appends it at the end of the page."""
+    current = page.read_text() if page.exists() else ""
+    if BEGIN in current and END in current:
+        head, rest = current.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1].lstrip("\n")
+        page.write_text(head + text + tail)
+        return
+    page.write_text(current.rstrip("\n") + "\n\n" + text)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--hidden", type=int, default=1024)
@@ -318,8 +491,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--world", type=int, default=0, help="also run the FSDP2 strategies with this many ranks")
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
-    parser.add_argument("--read-speed", action="store_true", help="compare the reader with cat and preadv")
+    parser.add_argument("--read-speed", action="store_true", help="also compare the reader with cat and preadv")
     parser.add_argument("--only", default=",".join(STRATEGIES), help="comma-separated strategies to run")
+    parser.add_argument("--docs", action="store_true",
+                        help="write docs/benchmarks-checkpoint.json and docs/benchmarks.md's checkpoint section")
     args = parser.parse_args(argv)
     if args.strategy in FSDP2_STRATEGIES:
         print(json.dumps(measure_fsdp2(args.strategy, args.dir, args.hidden, args.layers, args.rank,
@@ -328,38 +503,35 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args.strategy:
         print(json.dumps(measure(args.strategy, args.dir, args.hidden, args.layers)))
         return
+    from bench.harness import report
+
     args.dir.mkdir(parents=True, exist_ok=True)
     prepare(args.dir, args.hidden, args.layers)
-    if args.read_speed:
-        read_speed(args.dir, args.hidden, args.layers, args.reps)
-        return
-    file_bytes = sum(p.stat().st_size for p in safetensors_files(args.dir))
+    started = time.time()
+    files = safetensors_files(args.dir)
+    results: Dict[str, Any] = dict(
+        command="python3 -m bench.harness.checkpoint " + " ".join(argv), machine=report.machine(),
+        started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)), reps=args.reps,
+        hidden=args.hidden, layers=args.layers, files=len(files),
+        file_bytes=sum(p.stat().st_size for p in files),
+    )
     cat_seconds(args.dir)  # warms the page cache
-    ceiling = statistics.median(cat_seconds(args.dir) for _ in range(3))
-    print(f"safetensors files: {file_bytes / 1e6:.0f} MB; cat (warm): {ceiling:.3f} s = "
-          f"{file_bytes / ceiling / 1e9:.2f} GB/s")
-    print(f"{'strategy':22} {'wall s':>8} {'mat. s':>8} {'peak RSS MB':>12} {'base MB':>8} {'kept MB':>8}")
-    for strategy in filter(None, args.only.split(",")):
-        runs = []
-        for _ in range(args.reps):
-            out = subprocess.run(
-                [sys.executable, "-m", "bench.harness.checkpoint", "--dir", str(args.dir),
-                 "--hidden", str(args.hidden), "--layers", str(args.layers), "--strategy", strategy],
-                capture_output=True, text=True, check=True, env=dict(os.environ),
-            )
-            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if isinstance(runs[0][k], (int, float))}
-        print(f"{strategy:22} {med['wall_s']:8.2f} {med.get('materialize_s', float('nan')):8.2f} "
-              f"{med['peak_rss_bytes'] / 1e6:12.0f} {med['baseline_rss_bytes'] / 1e6:8.0f} "
-              f"{med['bytes_kept'] / 1e6:8.0f}", flush=True)
-
-    if args.world:
-        print(f"{'FSDP2 strategy':22} {'rank':>6} {'wall s':>8} {'load s':>8} {'peak RSS MB':>12} "
-              f"{'base MB':>8} {'kept MB':>8}")
-        for r in run_fsdp2(args.dir, args.hidden, args.layers, args.world):
-            print(f"{r['strategy']:22} {r['rank']:>3}/{r['world']:<2} {r['wall_s']:8.2f} {r['load_s']:8.2f} "
-                  f"{r['peak_rss_bytes'] / 1e6:12.0f} {r['baseline_rss_bytes'] / 1e6:8.0f} "
-                  f"{r['bytes_kept'] / 1e6:8.0f}", flush=True)
+    results["cat_s"] = statistics.median(cat_seconds(args.dir) for _ in range(3))
+    print(f"safetensors files: {results['file_bytes'] / 1e6:.0f} MB; cat (warm): {results['cat_s']:.3f} s = "
+          f"{results['file_bytes'] / results['cat_s'] / 1e9:.2f} GB/s")
+    results["strategies"] = run_strategies(args)
+    fsdp2_load = os.getloadavg()[0]
+    results["fsdp2"] = run_fsdp2(args.dir, args.hidden, args.layers, args.world) if args.world else []
+    results["fsdp2_load"] = [fsdp2_load, os.getloadavg()[0]]
+    print_fsdp2(results["fsdp2"])
+    if args.read_speed:
+        speed_load = os.getloadavg()[0]
+        results["read_speed"] = dict(read_speed(args.dir, args.hidden, args.layers, args.reps), reps=args.reps)
+        results["read_speed"]["load"] = [speed_load, os.getloadavg()[0]]
+    results.update(duration_s=time.time() - started, load_average_end=os.getloadavg()[0])
+    if args.docs:
+        (REPO / "docs" / "benchmarks-checkpoint.json").write_text(json.dumps(results, indent=1) + "\n")
+        write_section(REPO / "docs" / "benchmarks.md", section(results))
 
 
 if __name__ == "__main__":

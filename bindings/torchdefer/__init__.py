@@ -250,8 +250,8 @@ def _named_tensors(
     real: bool = False,
 ) -> List[Tuple[str, torch.Tensor, bool]]:
     """The tensors of ``module`` to materialize, each once, by the first name found: the fakes,
-    and with ``real`` also the real parameters, which the C++ side shards (Note [Real tensors of a
-    sharded module])."""
+    and with ``real`` also the real ones, which the C++ side shards (Note [Real tensors of a
+    sharded module]) or loads from a checkpoint (Note [Loading a tensor real at record time])."""
     entries: List[Tuple[str, torch.Tensor, bool]] = []
     seen = set()
     for name, tensor, is_parameter in _module_tensors(module, check_fn, buffers_only):
@@ -261,7 +261,7 @@ def _named_tensors(
         if id(tensor) in seen:
             continue
         seen.add(id(tensor))
-        if fake or (real and is_parameter):
+        if fake or real:
             entries.append((name, tensor, is_parameter))
     return entries
 
@@ -407,7 +407,7 @@ def materialize_module(
         return stats
     _check_options(shard, rng, check_fn, counter_seed, progress)
     target = _target_device(device)
-    entries = _named_tensors(module, check_fn, buffers_only, real=shard is not None)
+    entries = _named_tensors(module, check_fn, buffers_only, real=shard is not None or bool(loading))
     stats: List[Dict[str, Any]] = []
     if entries:
         if loading:

@@ -192,5 +192,39 @@ TEST(MaterializeCheckpoint, RefusesUnexpectedNamesAndMismatchedShapesLoadingNoth
   std::remove(path.c_str());
 }
 
+// A module whose `scale` buffer is a real tensor handed to construction, next to a fake weight.
+struct ScaledImpl : torch::nn::Module {
+  explicit ScaledImpl(const at::Tensor& values) {
+    weight = register_parameter("weight", torch::randn({4, 3}));
+    scale = register_buffer("scale", values);
+  }
+  at::Tensor weight;
+  at::Tensor scale;
+};
+TORCH_MODULE(Scaled);
+
+TEST(MaterializeCheckpoint, LoadsATensorRealAtRecordTimeInPlaceAtCommit) {
+  const std::string path = scratch("scaled.safetensors");
+  const at::Tensor weight = torch::randn({4, 3});
+  const at::Tensor scale = torch::tensor({1.0, -3.0}, at::kDouble);
+  write_safetensors(path, {{"weight", weight}, {"scale", scale}});
+  const at::Tensor values = torch::tensor({2.5, 0.5});
+  auto model = deferred_init([&] { return Scaled(values); });
+  ASSERT_FALSE(is_fake(model->scale));
+  const void* storage = model->scale.data_ptr();
+  const auto version = model->scale._version();
+  const MaterializeStats stats =
+      materialize_module(*model, MaterializeOptions().checkpoint(open_safetensors(path)));
+  EXPECT_TRUE(bitwise_equal(model->weight, weight));
+  EXPECT_TRUE(bitwise_equal(model->scale, scale.to(at::kFloat)));
+  EXPECT_EQ(model->scale.data_ptr(), storage);  // copied into, as load_state_dict does
+  EXPECT_GT(model->scale._version(), version);
+  ASSERT_EQ(stats.tensors.size(), 2u);
+  for (const TensorStats& t : stats.tensors) {
+    EXPECT_EQ(t.source, "checkpoint") << t.name;
+  }
+  std::remove(path.c_str());
+}
+
 }  // namespace
 }  // namespace torchdefer

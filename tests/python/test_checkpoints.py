@@ -183,19 +183,84 @@ def test_dcp_reads_only_the_boxes_bytes_in_one_load(tmp_path, monkeypatch):
             assert bitwise_equal(t, stored[name][box].to(t.dtype)), (name, shard)
 
 
-def test_a_tensor_real_at_record_time_is_refused_by_name_once_and_nothing_loads():
-    class Scaled(torch.nn.Module):
+class _WithRealTensors(torch.nn.Module):
+    """A fake weight, a parameter and a buffer construction makes real (from Python numbers), a
+    fake buffer computed from the real parameter, and a fake buffer after them."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 4))
+        self.gain = torch.nn.Parameter(torch.tensor([0.5, 2.0, -1.0, 3.0]))  # real
+        self.register_buffer("scale", torch.tensor(2.5))  # real
+        self.register_buffer("derived", torch.randn(4) * self.gain.detach())  # fake, from gain
+        self.register_buffer("noise", torch.randn(3))
+
+
+def _real_checkpoint():
+    return {
+        "weight": torch.full((4, 4), 7.0),
+        "gain": torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64),
+        "scale": torch.tensor(-1.0),
+    }
+
+
+def test_a_tensor_real_at_record_time_is_loaded_in_place_as_eager_then_load_state_dict():
+    torch.manual_seed(0)
+    eager = _WithRealTensors()
+    eager.load_state_dict(_real_checkpoint(), strict=False)
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_WithRealTensors)
+    assert not torchdefer.is_fake(model.gain) and not torchdefer.is_fake(model.scale)
+    gain, scale, version = model.gain, model.scale, model.gain._version
+    stats = torchdefer.materialize_module(model, checkpoint=_real_checkpoint())
+    assert model.gain is gain and model.scale is scale and type(model.gain) is torch.nn.Parameter
+    assert model.gain._version > version
+    for name, t in tensors(model).items():
+        assert bitwise_equal(t, tensors(eager)[name]), name  # derived keeps construction's gain
+    assert {s["name"]: s["source"] for s in stats} == {
+        "weight": "checkpoint", "gain": "checkpoint", "scale": "checkpoint", "derived": "init", "noise": "init"}
+
+
+def test_a_tensor_real_at_record_time_is_read_as_this_ranks_box_when_sharding():
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_WithRealTensors)
+    gain = model.gain
+    stats = torchdefer.materialize_module(model, shard=torchdefer.Shard(1, 2), checkpoint=_real_checkpoint())
+    assert model.gain is gain and torchdefer.shard_info(model.gain)["box"] == ([2], [4])
+    assert bitwise_equal(model.gain, torch.tensor([3.0, 4.0]))
+    assert model.scale.item() == -1.0
+    assert {s["name"]: s["source"] for s in stats}["gain"] == "checkpoint"
+
+
+def test_a_failed_read_leaves_tensors_real_at_record_time_as_construction_made_them():
+    class Failing(dict):
+        def __getitem__(self, name):
+            if name == "noise":
+                raise OSError("the disk failed reading noise")
+            return super().__getitem__(name)
+
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_WithRealTensors)
+    checkpoint = Failing(_real_checkpoint(), noise=torch.zeros(3))
+    with pytest.raises(Exception, match="the disk failed reading noise"):
+        torchdefer.materialize_module(model, checkpoint=checkpoint)
+    assert model.scale.item() == 2.5 and bitwise_equal(model.gain, torch.tensor([0.5, 2.0, -1.0, 3.0]))
+    assert all(torchdefer.is_fake(getattr(model, n)) for n in ("weight", "derived", "noise"))
+
+
+def test_a_tensor_real_at_record_time_a_call_skips_is_refused_by_name_once_and_nothing_loads():
+    class Outer(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.weight = torch.nn.Parameter(torch.randn(4, 4))
-            self.register_buffer("scale", torch.tensor(2.5))  # from a Python number: real
+            self.head = torch.nn.Linear(4, 4)
+            self.inner = _WithRealTensors()
 
-    model = torchdefer.deferred_init(Scaled)
-    assert not torchdefer.is_fake(model.scale)
-    with pytest.raises(RuntimeError, match=r"holds scale, which construction made real") as error:
-        torchdefer.materialize_module(model, checkpoint={"weight": torch.ones(4, 4), "scale": torch.tensor(1.0)})
-    assert "scale, scale" not in str(error.value)
-    assert torchdefer.is_fake(model.weight) and model.scale.item() == 2.5
+    model = torchdefer.deferred_init(Outer)
+    checkpoint = {"head.weight": torch.ones(4, 4), "inner.scale": torch.tensor(1.0)}
+    with pytest.raises(RuntimeError, match=r"holds inner.scale, which construction made real") as error:
+        torchdefer.materialize_module(model, checkpoint=checkpoint, check_fn=lambda m: m is not model.inner)
+    assert "inner.scale, inner.scale" not in str(error.value)
+    assert torchdefer.is_fake(model.head.weight) and model.inner.scale.item() == 2.5
 
 
 def test_a_mapping_is_cast_to_the_recorded_dtype_and_placed(saved):
@@ -427,3 +492,25 @@ def test_a_fully_sharded_model_reads_its_local_shards_and_initializes_the_rest(t
     }
     torch.save(saved, tmp_path / "saved.pt")
     run_ranks(tmp_path, 2, fully_sharded_checkpoint_worker, str(tmp_path / "saved.pt"))
+
+
+def test_the_checkpoint_harness_writes_its_section_between_its_markers_and_keeps_the_rest(tmp_path):
+    import pathlib
+    import sys
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(repo))  # bench/ is not installed
+    from bench.harness import checkpoint as harness
+
+    results = json.loads((repo / "docs" / "benchmarks-checkpoint.json").read_text())
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n\n<!-- bench.harness.distributed: begin -->\nkept\n<!-- bench.harness.distributed: end -->\n")
+    text = harness.section(results)
+    assert text.startswith(harness.BEGIN) and text.rstrip().endswith(harness.END)
+    for strategy in harness.STRATEGIES + harness.FSDP2_STRATEGIES:
+        assert f"| `{strategy}` |" in text, strategy
+    harness.write_section(page, text)
+    harness.write_section(page, text)  # replaced, not appended again
+    written = page.read_text()
+    assert written.count(harness.BEGIN) == 1 and "kept\n" in written
+    assert written.index("bench.harness.distributed: end") < written.index(harness.BEGIN)
