@@ -392,14 +392,18 @@ WHERE_THE_TIME_GOES = (
     "so that part costs the same. Below it, an op on the meta device runs its meta kernel; an op on a "
     "fake reaches torchdefer's C++ fake fallback (Note [The Fake fallback]), which runs the same meta "
     "kernel on meta shadows, wraps the outputs as fakes and records the op (the `detach` that `nn.Parameter(fake)` makes "
-    "passes through it too). That per-op C++ path is the difference for the "
+    "passes through it too). Random fills of CPU fakes (`normal_`, `uniform_`, ...) are the exception: their meta "
+    "kernels in a Python process are torch's Python decompositions (`torch._refs.normal` about 0.9 ms a call, "
+    "`uniform_` about 50 µs), and the fallback checks their arguments with the CPU kernel on one element instead "
+    "(Note [Random fills skip the meta kernel]), so `kaiming_uniform_` costs less under `deferred_init` than on "
+    "the meta device. The per-op C++ path is the difference for the "
     "torchtitan-style model (`python3 -m cProfile` and `perf record` of `deferred_init` against "
     "`torch.device(\"meta\")`); after the constructor, `deferred_init` walks the module tree once for "
     "the forward check and once for DTensor layouts. For Hugging Face the comparison is of unequal "
     "work: transformers skips `init_weights()` when it builds on the meta device (it checks the "
-    "default device), while `deferred_init` records it, one `normal_` per weight; in a Python "
-    "process torch's meta kernel for `normal_` is a Python decomposition (`torch._refs.normal_`), "
-    "which the fake fallback runs for every one of them."
+    "default device), while `deferred_init` records it, one `normal_` per weight: walking every module "
+    "through transformers' `_init_weights` and `torch.nn.init` is Python work that meta construction does "
+    "not do at all, whatever recording costs per op."
 )
 
 

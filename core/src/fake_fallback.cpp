@@ -10,9 +10,11 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -106,7 +108,7 @@ class FakeCall {
       return;
     }
     reject_writes_into_real_tensors();
-    if (answer_empty_in_place_write()) {
+    if (answer_in_place_random_fill()) {
       return;
     }
     const c10::Device device = output_device();
@@ -124,39 +126,99 @@ class FakeCall {
   // (nothing, or the error eager raises) is the answer, and the fake is returned as it is; the
   // generator is left as it was, for the recorder to place. Only random fills: other in-place
   // ops (resize_, set_) change the fake's geometry.
-  bool answer_empty_in_place_write() {
-    const auto& arguments = schema_.arguments();
+  //
+  // Note [Random fills skip the meta kernel]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A random fill of a non-empty CPU fake (normal_, uniform_, random_, exponential_, ...; self
+  // its only tensor, no explicit generator) returns self with self's metadata: the meta kernel has
+  // nothing to compute, only arguments to check. In a Python process those kernels are torch's
+  // Python decompositions (torch._refs.normal runs prims and broadcasting helpers: ~0.9 ms a call,
+  // most of a Hugging Face init_weights() under deferred_init; uniform_ ~50 us), registered over
+  // the C++ ones. The arguments are checked instead by the real CPU kernel on a one-element tensor
+  // of self's dtype drawing from a private generator, which raises exactly eager's errors (an
+  // integer dtype, std < 0, from > to, p outside [0, 1]) in a few microseconds; the default
+  // generator is untouched. Written elements that share memory get eager's error from the
+  // geometry, which a one-element tensor cannot show. Fakes on other devices keep the meta
+  // kernel: their eager kernels are not the CPU's.
+  bool answer_in_place_random_fill() {
     if (!is_random(op_) || !writes_first_argument(schema_) || schema_.returns().size() != 1 ||
-        !argument(0).isTensor() || !is_fake(argument(0).toTensor()) ||
-        argument(0).toTensor().numel() != 0) {
+        !argument(0).isTensor() || !is_fake(argument(0).toTensor())) {
       return false;
     }
-    {
-      RealOnlyGuard real_only;
-      c10::impl::ExcludeDispatchKeyGuard no_autograd(
-          c10::autograd_dispatch_keyset_with_ADInplaceOrView);
-      torch::jit::Stack real_stack;
-      for (size_t i = 0; i < arguments.size(); ++i) {
-        real_stack.push_back(map_tensors(argument(i), [](const at::Tensor& t) {
-          return t.defined() && is_fake(t)
-                     ? at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU))
-                     : t;
-        }));
-      }
-      // Only the kernel's verdict counts: whatever it draws is the recorder's to place.
-      at::Generator generator = at::detail::getDefaultCPUGenerator();
-      const at::Tensor state = [&] {
-        const std::lock_guard<std::mutex> lock(generator.mutex());
-        return generator.get_state();
-      }();
-      op_.callBoxed(&real_stack);
-      const std::lock_guard<std::mutex> lock(generator.mutex());
-      generator.set_state(state);
-    }
     const at::Tensor self = argument(0).toTensor();
-    torch::jit::drop(stack_, arguments.size());
+    if (self.numel() == 0) {
+      ask_cpu_kernel(/*one_element=*/false);
+    } else if (checks_only_its_arguments_on_cpu()) {
+      at::assert_no_internal_overlap(fake_impl(self)->meta());
+      ask_cpu_kernel(/*one_element=*/true);
+    } else {
+      return false;
+    }
+    torch::jit::drop(stack_, schema_.arguments().size());
     torch::jit::push(stack_, self);
     return true;
+  }
+
+  // Whether a fill of the fake self (non-empty) is Note [Random fills skip the meta kernel]'s
+  // case: a CPU fake, the only tensor, and a generator argument left to the default.
+  bool checks_only_its_arguments_on_cpu() {
+    if (tensors_.size() != 1 || !argument(0).toTensor().device().is_cpu()) {
+      return false;
+    }
+    return generator_argument().has_value() && argument(*generator_argument()).isNone();
+  }
+
+  std::optional<size_t> generator_argument() const {
+    const auto& arguments = schema_.arguments();
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      const auto* optional = arguments[i].type()->castRaw<c10::OptionalType>();
+      if (optional != nullptr &&
+          optional->getElementType()->kind() == c10::TypeKind::GeneratorType) {
+        return i;
+      }
+    }
+    return std::nullopt;
+  }
+
+  // Runs the op's real CPU kernel for its verdict only, on CPU scratch tensors of the fakes'
+  // geometry, or with `one_element`, on one element of self's dtype drawing from a private
+  // generator. Otherwise whatever it draws from the default generator is undone.
+  void ask_cpu_kernel(bool one_element) {
+    const auto& arguments = schema_.arguments();
+    RealOnlyGuard real_only;
+    c10::impl::ExcludeDispatchKeyGuard no_autograd(
+        c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+    torch::jit::Stack real_stack;
+    if (one_element) {
+      real_stack.push_back(at::empty({1}, argument(0).toTensor().options().device(c10::kCPU)));
+    }
+    for (size_t i = real_stack.size(); i < arguments.size(); ++i) {
+      real_stack.push_back(map_tensors(argument(i), [](const at::Tensor& t) {
+        return t.defined() && is_fake(t)
+                   ? at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU))
+                   : t;
+      }));
+    }
+    if (one_element) {
+      real_stack[*generator_argument()] = private_generator();
+      op_.callBoxed(&real_stack);
+      return;
+    }
+    // Only the kernel's verdict counts: whatever it draws is the recorder's to place.
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    const at::Tensor state = [&] {
+      const std::lock_guard<std::mutex> lock(generator.mutex());
+      return generator.get_state();
+    }();
+    op_.callBoxed(&real_stack);
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+
+  // This thread's generator for kernels run for their argument checks alone.
+  static const at::Generator& private_generator() {
+    thread_local const at::Generator generator = at::detail::createCPUGenerator();
+    return generator;
   }
 
   c10::IValue& argument(size_t i) { return stack_[first_argument_ + i]; }

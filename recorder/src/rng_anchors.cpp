@@ -111,11 +111,17 @@ void RngAnchor::offer(const at::Tensor& state) {
 
 std::string RngAnchor::pending_samplers() const {
   const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
-  std::string pending;
+  // Collected newest first and joined oldest first: a chain can run through every recording of
+  // the process that still owes the generator, so prepending would copy it quadratically.
+  std::vector<const std::string*> newest_first;
   for (const RngAnchor* a = this; a != nullptr && !a->state_.defined(); a = a->base_.get()) {
     if (!a->description_.empty()) {
-      pending = pending.empty() ? a->description_ : a->description_ + ", " + pending;
+      newest_first.push_back(&a->description_);
     }
+  }
+  std::string pending;
+  for (auto it = newest_first.rbegin(); it != newest_first.rend(); ++it) {
+    pending += (pending.empty() ? "" : ", ") + **it;
   }
   return pending;
 }

@@ -2,6 +2,8 @@
 (issue #11 class 5), ops with data-dependent output shapes while recording (class 6), and
 size-0 tensors (class 12)."""
 
+import re
+
 import pytest
 import torch
 import torch.nn as nn
@@ -198,3 +200,44 @@ def test_size_zero_tensors_materialize_as_eager_in_both_modes_and_sharded(name):
             for key in ("x", "after"):
                 expected = _chunk(getattr(full, key), rank, world)
                 assert torch.equal(getattr(shard, key), expected), (key, rank, world)
+
+
+_FILLS_EAGER_REFUSES = {
+    "normal_int64": lambda: torch.empty(3, dtype=torch.long).normal_(),
+    "normal_negative_std": lambda: torch.empty(3).normal_(0.0, -1.0),
+    "uniform_from_above_to": lambda: torch.empty(3).uniform_(2.0, 1.0),
+    "bernoulli_p_above_one": lambda: torch.empty(3).bernoulli_(2.0),
+    "random_bool_past_range": lambda: torch.empty(3, dtype=torch.bool).random_(0, 3),
+    "exponential_negative_lambda": lambda: torch.empty(3).exponential_(-1.0),
+    "normal_into_overlapping_elements": lambda: torch.empty(3).expand(2, 3).normal_(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_FILLS_EAGER_REFUSES))
+def test_random_fills_of_fakes_raise_eagers_error_and_leave_the_generator_alone(name):
+    # Note [Random fills skip the meta kernel]: the arguments are checked by the CPU kernel.
+    fill = _FILLS_EAGER_REFUSES[name]
+    with pytest.raises(Exception) as eager:
+        fill()
+    state = torch.get_rng_state()
+    with torchdefer.fake_mode(), pytest.raises(type(eager.value)) as faked:
+        fill()
+    assert str(faked.value).startswith(str(eager.value).split("\n")[0])
+    assert torch.equal(torch.get_rng_state(), state)
+    with pytest.raises(type(eager.value), match=re.escape(str(eager.value).split("\n")[0][:60])):
+        torchdefer.deferred_init(fill)
+
+
+def test_random_fills_of_fakes_record_and_materialize_as_eager():
+    def build():
+        w = torch.empty(5, 3)
+        w.normal_(0.0, 0.02).uniform_(-1.0, 1.0).exponential_(2.0)
+        return torch.stack([w, torch.empty(5, 3, dtype=torch.float64).cauchy_().float()])
+
+    torch.manual_seed(0)
+    eager, eager_next = build(), torch.rand(2)
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(build)
+    assert torch.equal(torch.rand(2), eager_next)
+    torchdefer.materialize_tensor(deferred)
+    assert torch.equal(deferred, eager)
