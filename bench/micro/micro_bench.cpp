@@ -20,6 +20,10 @@
 //       no storage, no initialization). Counters: ops and params (per model), s_per_op and
 //       s_per_param (time divided by them; the same op count for both modes, so the two modes
 //       compare per op). Destroying the model is not timed.
+//   BM_RecordAlternating/<model>                 one deferred_init of <model> and one construction
+//       under a FakeMode per iteration, alternating in one process so that both see the same
+//       load and caches; counters: record_cpu_s and fake_mode_cpu_s (this thread's CPU time per
+//       construction) and their ratio, the figure issue 12's 1.1× target is about.
 //   BM_Mt19937Jump/draws:<n>                     torchdefer::mt19937_discard of a seeded MT19937
 //       engine by n words (the jump the recorder makes at the end of a deferred_init that drew n
 //       words): 10^4 runs the recurrence, longer ones jump by polynomial (Note [MT19937
@@ -42,6 +46,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <thread>
@@ -270,6 +275,50 @@ void register_record() {
   }
 }
 
+double thread_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
+// This thread's CPU seconds to construct `model` (recorded or under a FakeMode), destruction not
+// counted.
+double construction_cpu_seconds(const ModelSpec& model, bool deferred) {
+  std::shared_ptr<torch::nn::Module> module;
+  const double start = thread_cpu_seconds();
+  if (deferred) {
+    module = torchdefer::deferred_init(model.build);
+  } else {
+    torchdefer::FakeMode fake;
+    module = model.build();
+  }
+  benchmark::DoNotOptimize(module.get());
+  return thread_cpu_seconds() - start;
+}
+
+void register_record_alternating() {
+  for (const ModelSpec& model : record_models()) {
+    const std::string name = std::string("BM_RecordAlternating/") + model.name;
+    benchmark::RegisterBenchmark(
+        name.c_str(),
+        [&model](benchmark::State& state) {
+          at::set_num_threads(1);
+          double recorded = 0;
+          double fake = 0;
+          for (auto _ : state) {
+            recorded += construction_cpu_seconds(model, true);
+            fake += construction_cpu_seconds(model, false);
+          }
+          using benchmark::Counter;
+          state.counters["record_cpu_s"] = Counter(recorded, Counter::kAvgIterations);
+          state.counters["fake_mode_cpu_s"] = Counter(fake, Counter::kAvgIterations);
+          state.counters["ratio"] = fake > 0 ? recorded / fake : 0;
+        })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
 void register_mt19937_jump() {
   for (const uint64_t draws : {uint64_t{10'000}, uint64_t{16'777'216}, uint64_t{8'030'000'000},
                                uint64_t{70'600'000'000}}) {
@@ -329,6 +378,7 @@ int main(int argc, char** argv) {
   register_fresh_fill();
   register_torch_fill();
   register_record();
+  register_record_alternating();
   register_mt19937_jump();
   register_shard_replay();
   benchmark::Initialize(&argc, argv);

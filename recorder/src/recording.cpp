@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -93,6 +94,71 @@ bool is_borrowed_memory(const at::Tensor& t) {
          t.storage().data_ptr().get_context() == nullptr;
 }
 
+// Note [What the recorder knows of an operator]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every recorded call asks the same questions of its operator: does it draw random numbers, may
+// it read values, which arguments does it write. The answers come from the schema's tags and
+// alias annotations and from the op table; asking them anew costs a scan of the tags and string
+// hashing per call, several times per call, which was a visible share of recording a model of
+// thousands of ops. So they are computed once per operator and thread, keyed by the schema's
+// address (it lives as long as the operator's registration) and checked against its name, so that
+// an operator registered again at the same address is asked anew.
+struct OperatorFacts {
+  std::string name;
+  std::string overload_name;
+  bool random = false;
+  // False when value_reading_api() answers nullopt whatever the arguments.
+  bool may_read_values = true;
+  std::vector<bool> written;  // per schema argument
+  bool writes = false;
+};
+
+OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
+  OperatorFacts facts;
+  facts.name = schema.name();
+  facts.overload_name = schema.overload_name();
+  facts.random = is_random(op);
+  const OpInfo* info = find_op_info(std::string_view(schema.name()));
+  if (info == nullptr || info->values == ValueRule::kFromTags) {
+    facts.may_read_values = value_reading_api(op, {}).has_value();
+  }
+  for (const c10::Argument& argument : schema.arguments()) {
+    facts.written.push_back(is_written(argument));
+    facts.writes = facts.writes || facts.written.back();
+  }
+  return facts;
+}
+
+const OperatorFacts& facts_of(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, OperatorFacts> known;
+  const c10::FunctionSchema& schema = op.schema();
+  OperatorFacts& facts = known[&schema];
+  if (facts.name != schema.name() || facts.overload_name != schema.overload_name()) {
+    facts = facts_of_schema(op);
+  }
+  return facts;
+}
+
+// Calls `f` on every tensor map_tensors() visits in `value`, in the same order, without building
+// a mapped copy.
+template <typename F>
+void for_each_tensor(const c10::IValue& value, const F& f) {
+  if (value.isTensor()) {
+    f(value.toTensor());
+    return;
+  }
+  if (!value.isList()) {
+    return;
+  }
+  const bool tensors = value.isTensorList();
+  for (const c10::IValue& element : value.toListRef()) {
+    if (tensors || element.isTensor()) {
+      f(element.toTensor());
+    }
+  }
+}
+
 // Note [Real tensors written while recording]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Construction creates real tensors too (torch.tensor(data), BatchNorm's num_batches_tracked,
@@ -139,6 +205,7 @@ class Recorder {
   Recorder(const c10::OperatorHandle& op, torch::jit::Stack* stack)
       : op_(op),
         schema_(op.schema()),
+        facts_(facts_of(op)),
         stack_(*stack),
         first_argument_(stack_.size() - schema_.arguments().size()) {}
 
@@ -150,7 +217,7 @@ class Recorder {
       return;
     }
     if (graph_ == nullptr) {
-      if (is_random(op_)) {
+      if (facts_.random) {
         // An unrecorded op is about to draw: the generator must be where eager would have it.
         detail::settle_generator_exactly();
       }
@@ -174,23 +241,25 @@ class Recorder {
   void scan_arguments() {
     graph_ = tls_graph;
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
-      const bool written = is_written(schema_.arguments()[i - first_argument_]);
-      map_tensors(stack_[i], [&](const at::Tensor& t) {
+      const bool written = facts_.written[i - first_argument_];
+      for_each_tensor(stack_[i], [&](const at::Tensor& t) {
+        ++tensors_;
         if (!t.defined()) {
-          return t;
+          return;
         }
         has_tensor_ = true;
-        if (written && !is_fake(t)) {
-          written_real_.push_back(t);
+        if (!is_fake(t)) {
+          if (written) {
+            written_real_.push_back(t);
+          }
+          return;
         }
-        if (is_fake(t)) {
-          has_fake_ = true;
-          const RecordedFake* rec = recorded(t);
-          if (graph_ == nullptr && rec != nullptr) {
+        has_fake_ = true;
+        if (graph_ == nullptr) {
+          if (const RecordedFake* rec = recorded(t)) {
             graph_ = rec->graph;
           }
         }
-        return t;
       });
     }
   }
@@ -198,16 +267,16 @@ class Recorder {
   // Note [Reading values while recording]: a data-dependent op on fakes of one recording only: the
   // one in progress on this thread, or, outside any, the one that recorded them.
   bool reads_values_of_recording() const {
-    if (graph_ == nullptr || !has_fake_ || !value_reading_api(op_, arguments())) {
+    if (graph_ == nullptr || !has_fake_ || !facts_.may_read_values ||
+        !value_reading_api(op_, arguments())) {
       return false;
     }
     std::vector<at::Tensor> fakes;
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
-      map_tensors(stack_[i], [&](const at::Tensor& t) {
+      for_each_tensor(stack_[i], [&](const at::Tensor& t) {
         if (is_fake(t)) {
           fakes.push_back(t);
         }
-        return t;
       });
     }
     if (answer_without_values(schema_.name(), fakes)) {
@@ -229,10 +298,9 @@ class Recorder {
   bool all_fakes_of_this_recording() const {
     bool all = true;
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
-      map_tensors(stack_[i], [&](const at::Tensor& t) {
+      for_each_tensor(stack_[i], [&](const at::Tensor& t) {
         const RecordedFake* rec = is_fake(t) ? recorded(t) : nullptr;
         all = all && (!is_fake(t) || (rec != nullptr && rec->graph == tls_graph));
-        return t;
       });
     }
     return all;
@@ -298,7 +366,7 @@ class Recorder {
           " (", schema_.name(), ")", where()));
       throw;
     }
-    if (is_random(op_)) {
+    if (facts_.random) {
       detail::settle_generator_exactly();  // it draws now, where eager would have drawn
     }
     RealOnlyGuard real_only;
@@ -342,20 +410,21 @@ class Recorder {
 
   // Also remembers the fakes the call writes, before the call pops its arguments.
   RecordedNode describe_call() {
-    const auto& arguments = schema_.arguments();
-    for (size_t i = 0; i < arguments.size(); ++i) {
-      if (is_written(arguments[i])) {
-        map_tensors(stack_[first_argument_ + i], [&](const at::Tensor& t) {
-          if (is_fake(t)) {
-            written_.push_back(t);
-          }
-          return t;
-        });
+    if (facts_.writes) {
+      for (size_t i = 0; i < facts_.written.size(); ++i) {
+        if (facts_.written[i]) {
+          for_each_tensor(stack_[first_argument_ + i], [&](const at::Tensor& t) {
+            if (is_fake(t)) {
+              written_.push_back(t);
+            }
+          });
+        }
       }
     }
     RecordedNode node{op_, {}, {}, {}, std::nullopt, AmbientState::current()};
     node.arguments.reserve(schema_.arguments().size());
-    const bool random = is_random(op_);
+    node.inputs.reserve(tensors_);
+    const bool random = facts_.random;
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
       node.arguments.push_back(map_tensors(stack_[i], [&](const at::Tensor& t) {
         node.inputs.push_back(classify(t));
@@ -377,7 +446,7 @@ class Recorder {
   // recording that factory would return a fake that nothing records, turning the whole result
   // into a fake with no recorded origin.
   void run_real(c10::DispatchKeySet keys) {
-    if (is_random(op_)) {
+    if (facts_.random) {
       // An unrecorded op is about to draw: the generator must be where eager would have it.
       detail::settle_generator_exactly();
     }
@@ -410,10 +479,10 @@ class Recorder {
   void record(RecordedNode node) {
     std::vector<at::Tensor> fake_outputs;
     const size_t first_return = stack_.size() - schema_.returns().size();
+    fake_outputs.reserve(schema_.returns().size());
     for (size_t i = first_return; i < stack_.size(); ++i) {
-      map_tensors(stack_[i], [&](const at::Tensor& t) {
+      for_each_tensor(stack_[i], [&](const at::Tensor& t) {
         fake_outputs.push_back(is_fake(t) ? t : at::Tensor());
-        return t;
       });
     }
     const bool produces_fakes = std::any_of(fake_outputs.begin(), fake_outputs.end(),
@@ -443,7 +512,7 @@ class Recorder {
     }
     remember_real_reads(index);
     graph_->set_outputs(index, std::move(outputs));
-    if (!is_random(op_)) {
+    if (!facts_.random) {
       return;
     }
     // Placing may read values or run the op (Note [Torch-mode draw offsets]), which takes the
@@ -479,6 +548,7 @@ class Recorder {
 
   const c10::OperatorHandle& op_;
   const c10::FunctionSchema& schema_;
+  const OperatorFacts& facts_;
   torch::jit::Stack& stack_;
   const size_t first_argument_;
   std::shared_ptr<OpGraph> graph_;
@@ -487,6 +557,7 @@ class Recorder {
   std::vector<at::Tensor> arguments_;  // a random op's tensor arguments, in input order
   bool has_fake_ = false;
   bool has_tensor_ = false;
+  size_t tensors_ = 0;  // tensor arguments, undefined ones included (map_tensors order)
 };
 
 }  // namespace

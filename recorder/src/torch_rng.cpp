@@ -17,6 +17,7 @@
 #include <cstring>
 #include <mutex>
 #include <string_view>
+#include <unordered_map>
 
 namespace torchdefer::detail {
 namespace {
@@ -131,19 +132,44 @@ std::optional<c10::ScalarType> tensor_argument_dtype(const OpGraph& graph, const
   return dtype;
 }
 
+// What plan_draws() reads of a random operator on every call: its op table entry and where its
+// `generator` argument is. Found once per operator and thread, keyed by the schema's address and
+// checked against its name (Note [What the recorder knows of an operator] in recording.cpp).
+struct RandomOperator {
+  std::string name;
+  std::string overload_name;
+  const OpInfo* info = nullptr;
+  std::optional<size_t> generator;  // the index of the `generator` argument
+};
+
+const RandomOperator& random_operator(const c10::FunctionSchema& schema) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, RandomOperator> known;
+  RandomOperator& op = known[&schema];
+  if (op.name == schema.name() && op.overload_name == schema.overload_name()) {
+    return op;
+  }
+  op = RandomOperator{schema.name(), schema.overload_name(), find_op_info(schema.operator_name())};
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    if (schema.arguments()[i].name() == "generator") {
+      op.generator = i;
+      break;
+    }
+  }
+  return op;
+}
+
 }  // namespace
 
 DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Tensor& target) {
   const c10::FunctionSchema& schema = node.op.schema();
   const std::vector<c10::IValue>& arguments = node.arguments;
-  for (size_t i = 0; i < schema.arguments().size(); ++i) {
-    if (schema.arguments()[i].name() == "generator" && !arguments[i].isNone()) {
-      return {DrawPlan::Kind::kUnplaceable, 0,
-              "it draws from an explicit generator, and torch RNG mode replays the default one; "
-              "counter RNG mode (rng=\"counter\", RngMode::kCounter) materializes it"};
-    }
+  const RandomOperator& random = random_operator(schema);
+  if (random.generator && !arguments[*random.generator].isNone()) {
+    return {DrawPlan::Kind::kUnplaceable, 0,
+            "it draws from an explicit generator, and torch RNG mode replays the default one; "
+            "counter RNG mode (rng=\"counter\", RngMode::kCounter) materializes it"};
   }
-  const OpInfo* info = find_op_info(schema.operator_name());
+  const OpInfo* info = random.info;
   const uint64_t n = static_cast<uint64_t>(target.numel());
   const c10::ScalarType dtype = target.scalar_type();
   switch (info != nullptr && info->draws ? *info->draws : DrawRule::kOnScratch) {
