@@ -317,7 +317,15 @@ class FakeCall {
     try {
       op_.callBoxed(&stack_);
     } catch (const c10::NotImplementedError& e) {
-      TORCH_CHECK_NOT_IMPLEMENTED(
+      // Note [Refusals are RuntimeErrors]
+      // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+      // Library code catches some exception classes to take another branch: torch's parametrize
+      // treats NotImplementedError from right_inverse as "no right_inverse" (orthogonal's geqrf
+      // had no meta kernel: the parametrization silently started from the identity), hasattr
+      // swallows AttributeError. A refusal of torchdefer's is always a RuntimeError (c10::Error)
+      // naming the op and what to do, so that it propagates to the user instead of changing what
+      // the model computes; the Python package's refusals follow the same rule.
+      TORCH_CHECK(
           false, "torchdefer: ", op_name(),
           " cannot run on fake tensors: it has no meta kernel, and fake tensors compute every "
           "result's shape on the meta device. Inputs: ",

@@ -1,0 +1,107 @@
+"""Real code that once gave a silently different model under deferred_init: torch's
+parametrizations (a refusal swallowed as NotImplementedError), Hugging Face's
+resize_token_embeddings, and random ops given an explicit torch.Generator (PEFT's VeRA). Each
+case gives eager's bits, and eager's generators afterwards, or a clear error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchdefer
+from torch.nn.utils import parametrizations, parametrize
+
+
+def assert_same_model(eager: torch.nn.Module, deferred: torch.nn.Module) -> None:
+    eager_state, deferred_state = eager.state_dict(), deferred.state_dict()
+    assert list(eager_state) == list(deferred_state)
+    for name, value in eager_state.items():
+        assert torch.equal(value, deferred_state[name]), name
+
+
+def eager_and_deferred(build, *args, seed=0, **kwargs):
+    """(eager model, generator draw after it), (the same through deferred_init + materialize)."""
+    torch.manual_seed(seed)
+    eager = build(*args, **kwargs)
+    eager_next = torch.rand(4)
+    torch.manual_seed(seed)
+    deferred = torchdefer.deferred_init(build, *args, **kwargs)
+    torchdefer.materialize_module(deferred)
+    deferred_next = torch.rand(4)
+    return (eager, eager_next), (deferred, deferred_next)
+
+
+# torch.nn.utils.parametrizations (Note [Refusals are RuntimeErrors]).
+
+
+def orthogonal_linear(rows, cols, orthogonal_map, use_trivialization, dtype):
+    linear = torch.nn.Linear(cols, rows, dtype=dtype)
+    parametrizations.orthogonal(linear, orthogonal_map=orthogonal_map,
+                                use_trivialization=use_trivialization)
+    return linear
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (5, 3), (3, 5)])
+@pytest.mark.parametrize("orthogonal_map", ["matrix_exp", "cayley", "householder"])
+@pytest.mark.parametrize("use_trivialization", [True, False])
+def test_orthogonal_gives_eager_bits(shape, orthogonal_map, use_trivialization):
+    # householder without trivialization runs geqrf in right_inverse; with it, the QR completion
+    # of _make_orthogonal does, and an orthogonality check reads values.
+    for dtype in (torch.float32, torch.float64):
+        (eager, eager_next), (deferred, deferred_next) = eager_and_deferred(
+            orthogonal_linear, *shape, orthogonal_map, use_trivialization, dtype)
+        assert_same_model(eager, deferred)
+        assert torch.equal(eager.weight, deferred.weight)
+        assert torch.equal(eager_next, deferred_next)
+
+
+@pytest.mark.parametrize("kind", ["weight_norm", "spectral_norm", "old_weight_norm", "old_spectral_norm"])
+def test_weight_norm_and_spectral_norm_give_eager_bits(kind):
+    def build():
+        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Conv1d(3, 4, 3))
+        for layer in model:
+            if kind == "old_weight_norm":
+                torch.nn.utils.weight_norm(layer)
+            elif kind == "old_spectral_norm":
+                torch.nn.utils.spectral_norm(layer)
+            else:
+                getattr(parametrizations, kind)(layer)
+        return model
+
+    (eager, eager_next), (deferred, deferred_next) = eager_and_deferred(build)
+    assert_same_model(eager, deferred)
+    assert torch.equal(eager_next, deferred_next)
+
+
+def test_geqrf_on_fakes_has_the_cpu_kernels_geometry():
+    for shape in [(5, 4), (3, 5, 4), (4, 6), (2, 0, 3)]:
+        real = torch.geqrf(torch.randn(*shape))
+        with torchdefer.fake_mode():
+            fake = torch.geqrf(torch.empty(*shape))
+        for r, f in zip(real, fake):
+            assert torchdefer.is_fake(f)
+            assert (f.shape, f.stride(), f.dtype) == (r.shape, r.stride(), r.dtype), shape
+
+
+class _MinMaxScaled(torch.nn.Module):
+    """A parametrization whose right_inverse runs an op fakes cannot run (_aminmax has no meta
+    kernel): eager uses right_inverse, so recording must not fall back to the identity."""
+
+    def forward(self, x):
+        return x * 2
+
+    def right_inverse(self, x):
+        low, high = torch._aminmax(x)
+        return (x - low) / (high - low)
+
+
+def test_a_refusal_inside_right_inverse_is_not_swallowed():
+    def build():
+        linear = torch.nn.Linear(3, 3)
+        parametrize.register_parametrization(linear, "weight", _MinMaxScaled())
+        return linear
+
+    torch.manual_seed(0)
+    build()  # eager runs it
+    with pytest.raises(RuntimeError, match="aten::_aminmax cannot run on fake tensors") as error:
+        torchdefer.deferred_init(build)
+    assert not isinstance(error.value, NotImplementedError)
