@@ -105,3 +105,72 @@ def test_a_refusal_inside_right_inverse_is_not_swallowed():
     with pytest.raises(RuntimeError, match="aten::_aminmax cannot run on fake tensors") as error:
         torchdefer.deferred_init(build)
     assert not isinstance(error.value, NotImplementedError)
+
+
+# Hugging Face resize_token_embeddings. Its cause of a "silent difference" was the repro's: the
+# eager resize writes the new vocabulary size into the config object, so a second model built
+# from that same config already has the resized vocabulary and its resize copies nothing. Built
+# from equal configs, deferred_init gives eager's bits, whatever ran before in the process.
+
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_config(arch):
+    if arch == "llama":
+        return transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=2, pad_token_id=62)
+    return transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32)
+
+
+def causal_lm(arch):
+    cls = transformers.LlamaForCausalLM if arch == "llama" else transformers.GPT2LMHeadModel
+    return cls(tiny_config(arch))
+
+
+def resized(arch, new_num_tokens, mean_resizing):
+    model = causal_lm(arch)
+    model.resize_token_embeddings(new_num_tokens, mean_resizing=mean_resizing)
+    return model
+
+
+def test_an_eager_resize_changes_the_config_it_was_built_from():
+    config = tiny_config("llama")
+    transformers.LlamaForCausalLM(config).resize_token_embeddings(80)
+    assert config.vocab_size == 80  # a model built from `config` now starts at 80 rows
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])  # gpt2 ties lm_head to the embedding
+@pytest.mark.parametrize("new_num_tokens", [80, 40])
+@pytest.mark.parametrize("mean_resizing", [True, False])
+def test_resize_token_embeddings_after_an_eager_resize_gives_eager_bits(arch, new_num_tokens,
+                                                                         mean_resizing):
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(1)
+    resized(arch, new_num_tokens, mean_resizing)  # an eager resize first, in this process
+    (eager, eager_next), (deferred, deferred_next) = eager_and_deferred(
+        resized, arch, new_num_tokens, mean_resizing)
+    assert deferred.get_input_embeddings().weight.shape[0] == new_num_tokens
+    assert_same_model(eager, deferred)
+    assert torch.equal(eager_next, deferred_next)
+    if arch == "gpt2":
+        assert deferred.lm_head.weight is deferred.get_input_embeddings().weight
+
+
+def test_resize_token_embeddings_after_deferred_init_returned():
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    eager = resized("llama", 80, mean_resizing=False)
+    # Outside a recording the new nn.Embedding is real: copying fake rows into it is refused, and
+    # the model keeps its embedding.
+    refused = torchdefer.deferred_init(causal_lm, "llama")
+    with pytest.raises(RuntimeError, match="would write into the real tensor"):
+        refused.resize_token_embeddings(80, mean_resizing=False)
+    assert refused.get_input_embeddings().weight.shape[0] == 64 and torchdefer.is_deferred(refused)
+    # In a deferred() block it is recorded, and gives eager's bits.
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(causal_lm, "llama")
+    with torchdefer.deferred():
+        deferred.resize_token_embeddings(80, mean_resizing=False)
+    torchdefer.materialize_module(deferred)
+    assert_same_model(eager, deferred)
