@@ -174,3 +174,77 @@ def test_resize_token_embeddings_after_deferred_init_returned():
         deferred.resize_token_embeddings(80, mean_resizing=False)
     torchdefer.materialize_module(deferred)
     assert_same_model(eager, deferred)
+
+
+# Random ops given an explicit CPU torch.Generator (Note [Explicit generators]).
+
+
+def with_own_generators(generators):
+    g, h = generators
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 20))
+    torch.nn.init.kaiming_uniform_(model[0].weight, generator=g)  # PEFT VeRA's call
+    model[0].bias.data.normal_(0, 1, generator=g)  # 5 elements: counted by a run on scratch
+    torch.nn.init.trunc_normal_(model[1].weight, std=0.5, generator=h)
+    model.register_buffer("noise", torch.randn(4, 8, generator=g, dtype=torch.float64))
+    rates = torch.rand(7) * 3  # default generator
+    model.register_buffer("counts", torch.poisson(rates, generator=h))  # value-dependent sampler
+    model.register_buffer("order", torch.randperm(9, generator=g))
+    # A value read (a branch on drawn numbers) between draws.
+    scale = 2.0 if torch.rand(3, generator=g).sum().item() > 1.5 else 0.5
+    model[1].bias.data.uniform_(-scale, scale, generator=h)
+    model.register_buffer("mask", torch.empty(16).bernoulli_(0.3, generator=g))
+    return model
+
+
+def generators(seed):
+    return torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_explicit_generators_give_eager_bits_and_are_left_where_eager_leaves_them(seed):
+    eager_generators, deferred_generators = generators(seed), generators(seed)
+    torch.manual_seed(seed)
+    eager = with_own_generators(eager_generators)
+    eager_next = torch.rand(4)
+    torch.manual_seed(seed)
+    deferred = torchdefer.deferred_init(with_own_generators, deferred_generators)
+    # Right after recording, as after eager construction.
+    for e, d in zip(eager_generators, deferred_generators):
+        assert torch.equal(e.get_state(), d.get_state())
+    recorded_states = [d.get_state() for d in deferred_generators]
+    for tensor in [deferred.order, deferred.noise, deferred[1].weight, deferred[0].weight]:
+        torchdefer.materialize_tensor(tensor)  # any order
+    torchdefer.materialize_module(deferred)
+    deferred_next = torch.rand(4)
+    assert_same_model(eager, deferred)
+    assert torch.equal(eager_next, deferred_next)
+    for before, d in zip(recorded_states, deferred_generators):
+        assert torch.equal(before, d.get_state()), "materializing moved a user's generator"
+    # The generators continue as eager's do.
+    assert all(torch.equal(torch.rand(5, generator=e), torch.rand(5, generator=d))
+               for e, d in zip(eager_generators, deferred_generators))
+
+
+def test_explicit_generators_under_counter_mode_shards():
+    torch.manual_seed(0)
+    full = torchdefer.deferred_init(with_own_generators, generators(0))
+    torchdefer.materialize_module(full, rng="counter")
+    weights = []
+    for rank in range(2):
+        torch.manual_seed(0)
+        part = torchdefer.deferred_init(with_own_generators, generators(0))
+        torchdefer.materialize_module(part, shard=torchdefer.Shard(rank, 2))
+        weights.append(part[0].weight)
+    assert torch.equal(torch.cat(weights), full[0].weight)
+
+
+def test_random_ops_on_a_deferred_model_with_an_explicit_generator_after_it_returned():
+    torch.manual_seed(0)
+    eager, g_eager = torch.nn.Linear(8, 8), torch.Generator().manual_seed(5)
+    torch.nn.init.xavier_normal_(eager.weight, generator=g_eager)
+    torch.manual_seed(0)
+    deferred, g = torchdefer.deferred_init(torch.nn.Linear, 8, 8), torch.Generator().manual_seed(5)
+    torch.nn.init.xavier_normal_(deferred.weight, generator=g)
+    assert torch.equal(g.get_state(), g_eager.get_state())
+    torchdefer.materialize_module(deferred)
+    assert_same_model(eager, deferred)
