@@ -44,9 +44,10 @@ namespace {
 //     mix with any device), then the FakeMode's default device, then CPU; tensors on two devices
 //     raise the error a real kernel raises;
 //  4. swaps fakes for their meta shadows, real tensors for meta tensors of the same geometry, and a
-//     factory's device for meta, then calls the op again with kFakeKey and autograd excluded, so
-//     the op's meta kernel computes every output's shape, strides and aliasing (or, for the few
-//     ops LibTorch has no C++ meta kernel for, a rule does: Note [Meta rules]);
+//     factory's device for meta, drops an explicit generator, then calls the op again with kFakeKey
+//     and autograd excluded, so the op's meta kernel computes every output's shape, strides and
+//     aliasing (or, for the few ops LibTorch has no C++ meta kernel for, a rule does: Note [Meta
+//     rules]);
 //  5. returns, for each output, the input fake it aliases (in-place and out= ops return their
 //     argument, as real kernels do) or a new fake around the meta output.
 //
@@ -271,6 +272,12 @@ class FakeCall {
       }
       if (arguments[i].name() == "pin_memory" && value.isBool()) {
         value = false;
+        continue;
+      }
+      if (value.isGenerator()) {
+        // A meta kernel draws nothing, and torch's Python ones refuse a generator
+        // (torch._refs.exponential asserts that it is None).
+        value = c10::IValue();
         continue;
       }
       value = map_tensors(value, [&](const at::Tensor& t) { return to_meta(t); });
