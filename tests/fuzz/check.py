@@ -277,6 +277,8 @@ def run_program(program: Program, checks: Tuple[str, ...] = CHECKS) -> Outcome:
             except Exception as deferred_error:  # noqa: BLE001
                 if type(deferred_error) is type(eager_error):
                     return Outcome(program, "eager_raises")
+                if _documented_refusal(deferred_error):  # refused before eager's error point
+                    return Outcome(program, "refused", "torch", _exception_line(deferred_error))
                 return Outcome(program, "mismatch", "torch", f"eager raised {_exception_line(eager_error)}\n"
                                f"deferred_init raised {_exception_line(deferred_error)}")
             return Outcome(program, "mismatch", "torch",
