@@ -159,7 +159,9 @@ def _new(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
         return self.new_empty(tuple(sizes) if sizes else (0,), dtype=self.dtype, device=device)
     if len(sizes) == 1 and not isinstance(sizes[0], (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
         return _new_tensor_of(self, sizes[0], device=device)
-    raise TypeError(
+    # A RuntimeError, never a TypeError that library code may catch (Note [Refusals are
+    # RuntimeErrors], core/src/fake_fallback.cpp).
+    raise RuntimeError(
         "torchdefer: Tensor.new(tensor or storage) is not supported on a fake "
         f"({_C.describe(self)}); use new_tensor(data), new_empty(sizes) or the tensor itself"
     )

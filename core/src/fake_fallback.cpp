@@ -46,9 +46,10 @@ namespace {
 //     mix with any device), then the FakeMode's default device, then CPU; tensors on two devices
 //     raise the error a real kernel raises;
 //  4. swaps fakes for their meta shadows, real tensors for meta tensors of the same geometry, and a
-//     factory's device for meta, then calls the op again with kFakeKey and autograd excluded, so
-//     the op's meta kernel computes every output's shape, strides and aliasing (or, for the few
-//     ops LibTorch has no C++ meta kernel for, a rule does: Note [Meta rules]);
+//     factory's device for meta, drops an explicit generator, then calls the op again with kFakeKey
+//     and autograd excluded, so the op's meta kernel computes every output's shape, strides and
+//     aliasing (or, for the few ops LibTorch has no C++ meta kernel for, a rule does: Note [Meta
+//     rules]);
 //  5. returns, for each output, the input fake it aliases (in-place and out= ops return their
 //     argument, as real kernels do) or a new fake around the meta output.
 //
@@ -335,6 +336,12 @@ class FakeCall {
         value = false;
         continue;
       }
+      if (value.isGenerator()) {
+        // A meta kernel draws nothing, and torch's Python ones refuse a generator
+        // (torch._refs.exponential asserts that it is None).
+        value = c10::IValue();
+        continue;
+      }
       value = map_tensors(value, [&](const at::Tensor& t) { return to_meta(t); });
     }
   }
@@ -379,7 +386,15 @@ class FakeCall {
     try {
       op_.callBoxed(&stack_);
     } catch (const c10::NotImplementedError& e) {
-      TORCH_CHECK_NOT_IMPLEMENTED(
+      // Note [Refusals are RuntimeErrors]
+      // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+      // Library code catches some exception classes to take another branch: torch's parametrize
+      // treats NotImplementedError from right_inverse as "no right_inverse" (orthogonal's geqrf
+      // had no meta kernel: the parametrization silently started from the identity), hasattr
+      // swallows AttributeError. A refusal of torchdefer's is always a RuntimeError (c10::Error)
+      // naming the op and what to do, so that it propagates to the user instead of changing what
+      // the model computes; the Python package's refusals follow the same rule.
+      TORCH_CHECK(
           false, "torchdefer: ", op_name(),
           " cannot run on fake tensors: it has no meta kernel, and fake tensors compute every "
           "result's shape on the meta device. Inputs: ",

@@ -12,6 +12,7 @@
 #include <ATen/ops/result_type.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -184,6 +185,22 @@ Outputs randperm(Arguments args) {
     }
   }
   return {at::empty({args[0].toInt()}, at::TensorOptions().dtype(dtype).device(at::kMeta))};
+}
+
+// geqrf(self): the Householder vectors `a`, shaped like self and batched column-major as LAPACK
+// writes them, and `tau`, one scalar per reflection: [*batch, min(m, n)].
+Outputs geqrf(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  TORCH_CHECK(self.dim() >= 2, "geqrf: expected a matrix or a batch of matrices, got ",
+              self.sizes());
+  const int64_t m = self.size(-2);
+  const int64_t n = self.size(-1);
+  std::vector<int64_t> transposed = self.sizes().vec();
+  std::swap(transposed[transposed.size() - 1], transposed[transposed.size() - 2]);
+  std::vector<int64_t> tau(self.sizes().begin(), self.sizes().end() - 2);
+  tau.push_back(std::min(m, n));
+  return {meta_empty(transposed, self, self.scalar_type()).mT(),
+          meta_empty(tau, self, self.scalar_type())};
 }
 
 }  // namespace meta_rules

@@ -42,5 +42,6 @@ Outputs convolution(Arguments args);
 Outputs fused_lstm_cell(Arguments args);
 Outputs mkldnn_rnn_layer(Arguments args);
 Outputs randperm(Arguments args);
+Outputs geqrf(Arguments args);  // parametrizations.orthogonal's QR
 
 }  // namespace torchdefer::detail::meta_rules

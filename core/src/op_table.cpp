@@ -228,6 +228,7 @@ constexpr OpInfo kOps[] = {
     meta("aten::_convolution", rules::convolution),
     meta("aten::_thnn_fused_lstm_cell", rules::fused_lstm_cell),
     meta("aten::mkldnn_rnn_layer", rules::mkldnn_rnn_layer),
+    meta("aten::geqrf", rules::geqrf),
 };
 
 const std::unordered_map<std::string_view, const OpInfo*>& index() {

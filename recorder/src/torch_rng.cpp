@@ -109,10 +109,9 @@ uint64_t random_words(std::optional<int64_t> from, std::optional<int64_t> to,
   return per_element(range >= (uint64_t{1} << 32));
 }
 
-DrawPlan known(uint64_t draws) { return {DrawPlan::Kind::kKnown, draws, {}}; }
+DrawPlan known(uint64_t draws) { return {DrawPlan::Kind::kKnown, draws}; }
 DrawPlan on_scratch(bool with_values = false) {
-  return {
-      with_values ? DrawPlan::Kind::kRunOnScratchWithValues : DrawPlan::Kind::kRunOnScratch, 0, {}};
+  return {with_values ? DrawPlan::Kind::kRunOnScratchWithValues : DrawPlan::Kind::kRunOnScratch, 0};
 }
 
 // The dtype of the tensor argument named `name` of `node`, if it has a defined one.
@@ -163,13 +162,7 @@ const RandomOperator& random_operator(const c10::FunctionSchema& schema) {
 DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Tensor& target) {
   const c10::FunctionSchema& schema = node.op.schema();
   const std::vector<c10::IValue>& arguments = node.arguments;
-  const RandomOperator& random = random_operator(schema);
-  if (random.generator && !arguments[*random.generator].isNone()) {
-    return {DrawPlan::Kind::kUnplaceable, 0,
-            "it draws from an explicit generator, and torch RNG mode replays the default one; "
-            "counter RNG mode (rng=\"counter\", RngMode::kCounter) materializes it"};
-  }
-  const OpInfo* info = random.info;
+  const OpInfo* info = random_operator(schema).info;
   const uint64_t n = static_cast<uint64_t>(target.numel());
   const c10::ScalarType dtype = target.scalar_type();
   switch (info != nullptr && info->draws ? *info->draws : DrawRule::kOnScratch) {
@@ -178,7 +171,7 @@ DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Te
     case DrawRule::kOnScratchWithValues:
       return on_scratch(/*with_values=*/true);
     case DrawRule::kValueDependent:
-      return {DrawPlan::Kind::kValueDependent, 0, {}};
+      return {DrawPlan::Kind::kValueDependent, 0};
     case DrawRule::kUniform:
       return known(n * per_element(dtype == at::kDouble));
     case DrawRule::kNormal:
@@ -331,18 +324,72 @@ RecordedDraws run_on_scratch_now(const std::shared_ptr<OpGraph>& graph, const Re
   return draws;
 }
 
+// The position of `node`'s `generator=` argument when it is given one.
+std::optional<size_t> explicit_generator_argument(const RecordedNode& node) {
+  const std::optional<size_t> argument = random_operator(node.op.schema()).generator;
+  if (!argument || *argument >= node.arguments.size() || !node.arguments[*argument].isGenerator()) {
+    return std::nullopt;
+  }
+  return argument;
+}
+
+// Note [Explicit generators]: the op is placed at offset 0 from its generator's state now, and
+// the generator is moved as the eager kernel moves it.
+RecordedDraws place_on_own_generator(const std::shared_ptr<OpGraph>& graph,
+                                     const RecordedNode& node, size_t argument,
+                                     const DrawPlan& plan, const std::vector<at::Tensor>& tensors) {
+  at::Generator generator = node.arguments[argument].toGenerator();
+  TORCH_CHECK(generator.device().is_cpu(), "torchdefer: ", node.op.schema().operator_name(),
+              " in deferred_init of ", graph->context(), " draws from an explicit ",
+              generator.device(),
+              " generator, whose state recording cannot leave where eager construction leaves it "
+              "(only explicit CPU generators are followed). Draw from a CPU torch.Generator or "
+              "from the default generator, or run this op after materializing.");
+  RecordedDraws draws;
+  draws.generator_argument = static_cast<int64_t>(argument);
+  {
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    at::Tensor state = generator.get_state();
+    const auto graph_lock = graph->lock();
+    draws.anchor = graph->add_rng_anchor(RngAnchor::known(std::move(state)));
+  }
+  if (plan.kind == DrawPlan::Kind::kKnown) {
+    draws.kind = RecordedDraws::Kind::kPlaced;
+    draws.draws = plan.draws;
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    auto* impl = at::check_generator<at::CPUGeneratorImpl>(generator);
+    at::mt19937 engine = impl->engine();
+    mt19937_discard(engine, plan.draws);
+    impl->set_engine(engine);
+    return draws;
+  }
+  draws.kind = RecordedDraws::Kind::kAnchorOnly;
+  const bool with_values = plan.kind != DrawPlan::Kind::kRunOnScratch;
+  try {
+    run_on_scratch(node, tensors, with_values);
+  } catch (c10::Error& e) {
+    e.add_context(c10::str(
+        "torchdefer: ", node.op.schema().operator_name(), " in deferred_init of ", graph->context(),
+        " was run at record time to move its explicit generator as eager construction does",
+        with_values ? ", which needs the values of its fake arguments: compute it while "
+                      "deferred_init runs, from fakes of that recording or real tensors, or "
+                      "after materializing its inputs"
+                    : ""));
+    throw;
+  }
+  return draws;
+}
+
 }  // namespace
 
 RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
                                 const at::Tensor& target, const std::vector<at::Tensor>& tensors,
                                 bool in_recording_scope) {
   const DrawPlan plan = plan_draws(*graph, node, target);
-  RecordedDraws draws;
-  if (plan.kind == DrawPlan::Kind::kUnplaceable) {
-    draws.kind = RecordedDraws::Kind::kUnplaceable;
-    draws.reason = plan.reason;
-    return draws;
+  if (const std::optional<size_t> argument = explicit_generator_argument(node)) {
+    return place_on_own_generator(graph, node, *argument, plan, tensors);
   }
+  RecordedDraws draws;
   if (plan.kind == DrawPlan::Kind::kKnown) {
     continue_chain(graph);
     place_counted(plan.draws, draws);

@@ -50,11 +50,27 @@ namespace torchdefer::detail {
 // (torch::manual_seed in a constructor) is noticed by comparing its state with the one the
 // recorder left, and the chain starts a new anchor.
 struct DrawPlan {
-  enum class Kind { kKnown, kRunOnScratch, kRunOnScratchWithValues, kValueDependent, kUnplaceable };
-  Kind kind = Kind::kUnplaceable;
+  enum class Kind { kKnown, kRunOnScratch, kRunOnScratchWithValues, kValueDependent };
+  Kind kind = Kind::kRunOnScratch;
   uint64_t draws = 0;
-  std::string reason;
 };
+
+// Note [Explicit generators]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A random op given its own CPU torch.Generator (PEFT's VeRA draws its shared projections from
+// torch.Generator().manual_seed(key)) draws from that generator in eager, not from the default
+// one. Recording saves that generator's state as an anchor of the op's own and places the op at
+// offset 0 from it, then moves the generator exactly as the eager kernel would: by the op's
+// counted draws (one MT19937 jump, Note [MT19937 jump-ahead]), or, where only a run can count
+// them (the kernels of Note [Torch-mode draw offsets] that run on scratch, and the
+// value-dependent samplers, which read their fake arguments' values for it), by running the op
+// on scratch with that generator at once: an explicit generator is never owed, whatever
+// exact_generator says, so it is where eager leaves it as soon as the op is recorded. Torch-mode
+// replay runs the op with a private generator set to the anchor, never the user's, so
+// materializing moves no generator; counter mode fills as for any random op, and an op with no
+// counter distribution draws from a private generator seeded from the recording's seed and its
+// stream. A generator of another device is refused when recording, since its state could not be
+// left where eager leaves it.
 
 // How `node` of `graph` draws (its op table DrawRule applied to this call); `target` is the tensor
 // it fills (its written argument, or its output for factories).

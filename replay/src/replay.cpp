@@ -193,11 +193,6 @@ void GraphReplay::validate() {
                     ", a fake made under a plain FakeMode: it has no recorded data to replay.");
       }
     }
-    if (node.draws && node.draws->kind == RecordedDraws::Kind::kUnplaceable &&
-        !config_.counter_rng) {
-      TORCH_CHECK(false, "torchdefer: cannot replay ", op_name(node), " in deferred_init of ",
-                  graph_->context(), " bit-exactly in torch RNG mode: ", node.draws->reason, ".");
-    }
   }
 }
 
@@ -304,6 +299,23 @@ uint64_t mix(uint64_t x) {
 }
 
 }  // namespace
+
+// Note [Explicit generators] (torch_rng.h): the op draws from a private CPU generator, never the
+// one it was recorded with: in torch mode set to its anchor and offset, in counter mode seeded
+// from the recording's seed and the op's stream.
+at::Generator GraphReplay::own_generator(const RecordedDraws& draws) const {
+  if (config_.counter_rng) {
+    const uint64_t seed = config_.counter_seed.value_or(graph_->counter_seed());
+    return at::make_generator<at::CPUGeneratorImpl>(mix(seed ^ mix(draws.stream)));
+  }
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>();
+  generator.set_state(graph_->rng_anchor(draws.anchor)->state());
+  auto* impl = at::check_generator<at::CPUGeneratorImpl>(generator);
+  at::mt19937 engine = impl->engine();
+  mt19937_discard(engine, draws.offset);
+  impl->set_engine(engine);
+  return generator;
+}
 
 // Counter RNG mode: fills the op's target with counter values instead of running it. Ops with no
 // counter distribution (randperm, multinomial, ...) run on the default generator seeded from the
@@ -488,7 +500,9 @@ int64_t GraphReplay::run_node(std::set<int64_t>::const_iterator position) {
   torch::jit::Stack stack = node_stack(
       node, [&](size_t, const RecordedInput& input) { return input_tensor(input, device); },
       device);
-  if (node.draws && !config_.counter_rng) {
+  if (node.draws && node.draws->generator_argument >= 0) {
+    stack.at(static_cast<size_t>(node.draws->generator_argument)) = own_generator(*node.draws);
+  } else if (node.draws && !config_.counter_rng) {
     place_generator(*node.draws);
   }
   const AmbientStateGuard ambient(node.ambient);

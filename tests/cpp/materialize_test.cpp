@@ -567,13 +567,50 @@ TEST(MaterializeErrors, AFakeMadeUnderFakeModeCannotBeMaterialized) {
   EXPECT_TRUE(is_fake(t));
 }
 
-TEST(MaterializeErrors, AnExplicitGeneratorIsNamed) {
+// Note [Explicit generators]: counted draws (normal_ of 20, uniform_, randn), draws only a run
+// can count (normal_ of 5, scalar-p bernoulli_, randperm), eager's bits and eager's generator.
+TEST(ExplicitGenerators, GiveEagerBitsAndLeaveTheGeneratorWhereEagerDoes) {
+  auto program = [](at::Generator& g) {
+    std::vector<at::Tensor> out = {
+        torch::empty({20}).normal_(0, 1, g),  torch::empty({4, 3}).uniform_(-1, 1, g),
+        torch::empty({5}).normal_(2, 3, g),   at::randn({7}, g, torch::kDouble),
+        torch::empty({9}).bernoulli_(0.3, g), at::randperm(6, g, torch::kLong)};
+    out.push_back(out[0] * 2);
+    return out;
+  };
+  at::Generator eager_generator = at::detail::createCPUGenerator(3);
+  torch::manual_seed(1);
+  const std::vector<at::Tensor> eager = program(eager_generator);
+  const at::Tensor default_after_eager = at::detail::getDefaultCPUGenerator().get_state();
+
   at::Generator generator = at::detail::createCPUGenerator(3);
-  at::Tensor w = deferred_init([&] { return torch::empty({20}).normal_(0, 1, generator); });
-  const std::string message = error_of([&] { materialize_tensor(w); });
-  EXPECT_THAT(message, HasSubstr("aten::normal_"));
-  EXPECT_THAT(message, HasSubstr("explicit generator"));
-  EXPECT_TRUE(is_fake(w));
+  torch::manual_seed(1);
+  std::vector<at::Tensor> deferred = deferred_init([&] { return program(generator); });
+  EXPECT_TRUE(torch::equal(generator.get_state(), eager_generator.get_state()));
+  EXPECT_TRUE(torch::equal(at::detail::getDefaultCPUGenerator().get_state(), default_after_eager));
+  const at::Tensor generator_before = generator.get_state();
+  std::reverse(deferred.begin(), deferred.end());  // any order
+  for (const at::Tensor& t : deferred) {
+    materialize_tensor(t);
+  }
+  std::reverse(deferred.begin(), deferred.end());
+  for (size_t i = 0; i < eager.size(); ++i) {
+    EXPECT_TRUE(torch::equal(deferred[i], eager[i])) << i;
+  }
+  EXPECT_TRUE(torch::equal(generator.get_state(), generator_before)) << "materializing drew";
+  EXPECT_TRUE(torch::equal(at::detail::getDefaultCPUGenerator().get_state(), default_after_eager));
+}
+
+TEST(ExplicitGenerators, CounterModeDrawsFromNoUserGenerator) {
+  at::Generator generator = at::detail::createCPUGenerator(3);
+  std::vector<at::Tensor> fakes = deferred_init([&] {
+    return std::vector<at::Tensor>{torch::empty({20}).normal_(0, 1, generator),
+                                   at::randperm(6, generator, torch::kLong)};
+  });
+  const at::Tensor before = generator.get_state();
+  materialize_tensors(fakes, MaterializeOptions().rng(RngMode::kCounter));
+  EXPECT_TRUE(torch::equal(generator.get_state(), before));
+  EXPECT_FALSE(is_fake(fakes[0]) || is_fake(fakes[1]));
 }
 
 // Random init programs: factories, views, in-place writes through views, random ops and casts,

@@ -14,7 +14,21 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Sequence, Tuple
 
-HEADER = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+HEADER = """import math
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Shifted(nn.Module):
+    \"\"\"A parametrization with a right_inverse (the parametrizations family).\"\"\"
+
+    def forward(self, x):
+        return x + 1
+
+    def right_inverse(self, x):
+        return x - 1
+"""
 
 FLOAT_DTYPES = ["torch.float32", "torch.float64", "torch.bfloat16", "torch.float16"]
 
@@ -438,6 +452,78 @@ def aliasing(ctx: Context) -> List[str]:
     return lines
 
 
+def generators(ctx: Context) -> List[str]:
+    """Random ops given an explicit CPU torch.Generator (PEFT's VeRA), held as an attribute so
+    that its state after construction is compared too; default-generator draws in between."""
+    i, (rows, cols) = ctx.fresh(), ctx.shape()
+    g = f"self.g{i}"
+    lines = [f"{g} = torch.Generator().manual_seed({ctx.rng.randrange(1000)})"]
+    for k in range(ctx.rng.randint(1, 3)):
+        name = f"self.q{i}_{k}"
+        buffer = f'self.register_buffer("q{i}_{k}", '
+        draws = [
+            f"{name} = nn.Parameter(torch.randn({rows}, {cols}, generator={g}))",
+            f"{name} = nn.Parameter(torch.rand({rows}, {cols}, generator={g}, dtype=torch.float64))",
+            f"{name} = nn.Parameter(torch.empty({rows}, {cols})); "
+            f"nn.init.kaiming_uniform_({name}, a=math.sqrt(5), generator={g})",
+            f"{name} = nn.Parameter(torch.empty({rows}, {cols})); "
+            f"nn.init.trunc_normal_({name}, std=0.5, generator={g})",
+            f"{name} = nn.Parameter(torch.empty({rows}, {cols})); nn.init.xavier_normal_({name}, generator={g})",
+            f"{name} = nn.Parameter(torch.empty({rows}, {cols})); nn.init.orthogonal_({name}, generator={g})",
+            f"{name} = nn.Parameter(torch.empty({rows}, {cols}).normal_(0, 1, generator={g}))",
+            f"{name} = nn.Parameter(torch.zeros({rows}, {cols})); "
+            f"{name}.data[{ctx.rng.randrange(rows)}].uniform_(-1, 1, generator={g})",
+            f"{name} = nn.Parameter(torch.zeros({rows}, {cols})); {name}.data.t().normal_(generator={g})",
+            buffer + f"torch.randperm({rows * cols}, generator={g}))",
+            buffer + f"torch.randint(0, 7, ({rows}, {cols}), generator={g}))",
+            buffer + f"torch.empty({rows}, {cols}).bernoulli_(0.4, generator={g}))",
+            buffer + f"torch.bernoulli(torch.rand({rows}, {cols}), generator={g}))",
+            buffer + f"torch.poisson(torch.rand({rows}) * 4, generator={g}))",
+            buffer + f"torch.empty({rows}, {cols}).exponential_(2.0, generator={g}))",
+            buffer + f"torch.multinomial(torch.rand({cols}) + 0.1, 2, replacement=True, generator={g}))",
+            f"_ = torch.randn({rows}, {cols}, generator={g})",
+            f"_ = torch.rand(3, generator={g}).sum().item()",
+        ]
+        lines.append(ctx.pick(draws))
+        if ctx.rng.random() < 0.3:
+            lines.append(f"self.n{i}_{k} = nn.Parameter(torch.randn({cols}))")
+    return lines
+
+
+def parametrizations(ctx: Context) -> List[str]:
+    """torch.nn.utils.parametrizations (orthogonal, weight_norm, spectral_norm) and
+    register_parametrization, with an assignment through right_inverse."""
+    i, (rows, cols) = ctx.fresh(), ctx.shape(1, 6)
+    layer = f"self.z{i}"
+    dtype = ctx.pick(["torch.float32", "torch.float64"])
+    lines = [f"{layer} = nn.Linear({cols}, {rows}, dtype={dtype})"]
+    kind = ctx.pick(["orthogonal", "weight_norm", "spectral_norm", "custom"])
+    if kind == "orthogonal":
+        orthogonal_map = ctx.pick([None, "matrix_exp", "cayley", "householder"])
+        trivial = ctx.pick([True, False])
+        lines.append(f"torch.nn.utils.parametrizations.orthogonal({layer}, orthogonal_map={orthogonal_map!r}, "
+                     f"use_trivialization={trivial})")
+        assign = trivial or orthogonal_map in (None, "householder") and rows * cols > 0
+    elif kind == "weight_norm":
+        lines.append(f"torch.nn.utils.parametrizations.weight_norm({layer}, dim={ctx.pick([0, 1, None])})")
+        assign = True
+    elif kind == "spectral_norm":
+        lines.append(f"torch.nn.utils.parametrizations.spectral_norm({layer}, "
+                     f"n_power_iterations={ctx.rng.randint(1, 3)})")
+        assign = True
+    else:
+        lines.append(f"torch.nn.utils.parametrize.register_parametrization({layer}, 'weight', Shifted())")
+        if ctx.rng.random() < 0.5:
+            lines.append(f"torch.nn.utils.parametrize.register_parametrization({layer}, 'bias', nn.Tanh())")
+        assign = True
+    if assign and ctx.rng.random() < 0.5:
+        lines.append("with torch.no_grad():")
+        lines.append(f"    {layer}.weight = torch.randn({rows}, {cols}, dtype={dtype})")
+    if ctx.rng.random() < 0.5:
+        lines.append(f'self.register_buffer("zw{i}", {layer}.weight.detach() * 1)')
+    return lines
+
+
 FAMILIES: Dict[str, Snippet] = {
     "basics": basics,
     "init": init,
@@ -453,6 +539,8 @@ FAMILIES: Dict[str, Snippet] = {
     "data_assign": data_assign,
     "tensor_of_0d": tensor_of_0d,
     "aliasing": aliasing,
+    "generators": generators,
+    "parametrizations": parametrizations,
 }
 
 

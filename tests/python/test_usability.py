@@ -100,7 +100,7 @@ def test_type_and_legacy_new_work_on_fakes():
         on_cuda = torch.empty(2)
         assert on_cuda.type() == "torch.cuda.FloatTensor" and on_cuda.new(3).is_cuda
         assert torch.ones(2).new(3).shape == (3,), "real tensors keep torch's own new()"
-        with pytest.raises(TypeError, match="not supported on a fake"):
+        with pytest.raises(RuntimeError, match="not supported on a fake"):
             base.new(torch.ones(2))
     # Outside deferred_init and fake_mode, new() is torch's own, which cannot place a fake
     # (docs/python.md); new_empty, a dispatcher op, can.

@@ -73,15 +73,17 @@ struct RecordedStorage {
 // Where a random op's draws start in torch RNG mode (Note [Torch-mode draw offsets]).
 struct RecordedDraws {
   enum class Kind {
-    kPlaced,       // starts `offset` draws after OpGraph::rng_anchors()[anchor], uses `draws`
-    kAnchorOnly,   // starts `offset` draws after the anchor; how many it takes depends on values
-    kUnplaceable,  // cannot be replayed bit-exactly; `reason` says why
+    kPlaced,      // starts `offset` draws after OpGraph::rng_anchors()[anchor], uses `draws`
+    kAnchorOnly,  // starts `offset` draws after the anchor; how many it takes depends on values
   };
   Kind kind = Kind::kPlaced;
   int64_t anchor = -1;
   uint64_t offset = 0;
   uint64_t draws = 0;
-  std::string reason;
+  // The position of the op's own CPU `generator=` argument, or -1 for the default generator: the
+  // anchor is a state of that generator, and replay draws from a private copy of it (Note
+  // [Explicit generators]).
+  int64_t generator_argument = -1;
   // kAnchorOnly: the anchor that is the generator state right after this op (Note [Lazy RNG
   // anchors]).
   int64_t end_anchor = -1;

@@ -34,8 +34,8 @@ namespace torchdefer {
 // earlier one still owes the generator its draws continues from that earlier lazy anchor).
 //
 // The sampler is resolved with its recorded arguments; a value-dependent sampler that reads
-// another fake of a recording (multinomial of recorded probabilities) cannot be resolved this way
-// and stays unplaceable, as before.
+// another fake of a recording (multinomial of recorded probabilities) cannot be resolved this way:
+// it is never lazy, and runs on scratch from its inputs' values when recorded.
 struct RngAnchor {
   // Known: a full state of the default CPU generator (get_state()).
   static std::shared_ptr<RngAnchor> known(at::Tensor state);

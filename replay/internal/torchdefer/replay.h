@@ -5,6 +5,7 @@
 #include <torchdefer/op_graph.h>
 #include <torchdefer/shard.h>
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/stack.h>
 #include <c10/core/Device.h>
@@ -78,6 +79,7 @@ class GraphReplay {
   at::Tensor input_tensor(const RecordedInput& input, c10::Device node_device);
   const at::Tensor& foreign_value(const at::Tensor& t) const;
   void place_generator(const RecordedDraws& draws);
+  at::Generator own_generator(const RecordedDraws& draws) const;
   void call_on_cpu(const RecordedNode& node, torch::jit::Stack& stack, c10::Device device);
   void offer_end_anchor(const RecordedDraws& draws);
   bool run_counter_node(int64_t index, const RecordedNode& node, c10::Device device);
