@@ -470,13 +470,9 @@ def section(results: Dict[str, Any]) -> str:
 
 def write_section(page: Path, text: str) -> None:
     """Replaces the text between this harness's markers, or appends it at the end of the page."""
-    current = page.read_text() if page.exists() else ""
-    if BEGIN in current and END in current:
-        head, rest = current.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1].lstrip("\n")
-        page.write_text(head + text + tail)
-        return
-    page.write_text(current.rstrip("\n") + "\n\n" + text)
+    from bench.harness import report
+
+    report.write_other_section(page, BEGIN, END, text)
 
 
 def main(argv: Optional[List[str]] = None) -> None:

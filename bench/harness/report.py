@@ -495,6 +495,18 @@ def markdown(results: Dict[str, Any], plot_name: str) -> str:
 OTHER_SECTIONS = "<!-- bench.harness."
 
 
+def write_other_section(page: Path, begin: str, end: str, text: str) -> None:
+    """Replaces the text between `begin` and `end` (one harness's markers, starting with
+    OTHER_SECTIONS) with `text`, or appends `text` at the end of the page."""
+    current = page.read_text() if page.exists() else ""
+    if begin in current and end in current:
+        head, rest = current.split(begin, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
+        page.write_text(head + text + tail)
+        return
+    page.write_text(current.rstrip("\n") + "\n\n" + text)
+
+
 def other_sections(page: Path) -> str:
     text = page.read_text() if page.exists() else ""
     return "\n" + text[text.index(OTHER_SECTIONS):] if OTHER_SECTIONS in text else ""

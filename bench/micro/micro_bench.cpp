@@ -238,6 +238,16 @@ std::pair<int64_t, int64_t> recording_size(const ModelSpec& model) {
           static_cast<int64_t>(parameters.size())};
 }
 
+// `model` recorded by deferred_init, or built under a FakeMode (no recording): what BM_Record and
+// BM_RecordAlternating compare.
+std::shared_ptr<torch::nn::Module> construct(const ModelSpec& model, bool deferred) {
+  if (deferred) {
+    return torchdefer::deferred_init(model.build);
+  }
+  torchdefer::FakeMode fake;
+  return model.build();
+}
+
 void register_record() {
   for (const ModelSpec& model : record_models()) {
     for (const bool deferred : {true, false}) {
@@ -249,13 +259,7 @@ void register_record() {
             at::set_num_threads(1);
             const auto [ops, params] = recording_size(model);
             for (auto _ : state) {
-              std::shared_ptr<torch::nn::Module> module;
-              if (deferred) {
-                module = torchdefer::deferred_init(model.build);
-              } else {
-                torchdefer::FakeMode fake;
-                module = model.build();
-              }
+              std::shared_ptr<torch::nn::Module> module = construct(model, deferred);
               benchmark::DoNotOptimize(module.get());
               state.PauseTiming();
               module.reset();
@@ -284,14 +288,8 @@ double thread_cpu_seconds() {
 // This thread's CPU seconds to construct `model` (recorded or under a FakeMode), destruction not
 // counted.
 double construction_cpu_seconds(const ModelSpec& model, bool deferred) {
-  std::shared_ptr<torch::nn::Module> module;
   const double start = thread_cpu_seconds();
-  if (deferred) {
-    module = torchdefer::deferred_init(model.build);
-  } else {
-    torchdefer::FakeMode fake;
-    module = model.build();
-  }
+  std::shared_ptr<torch::nn::Module> module = construct(model, deferred);
   benchmark::DoNotOptimize(module.get());
   return thread_cpu_seconds() - start;
 }
