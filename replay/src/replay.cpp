@@ -469,8 +469,9 @@ int64_t GraphReplay::run_fill_in_parts_from(std::set<int64_t>::const_iterator fi
   const RecordedNode& node = graph_->nodes()[*fill];
   const bool large =
       !stack.empty() && stack[0].isTensor() && stack[0].toTensor().numel() >= 2 * kMinPartElements;
-  if (node.draws->kind != RecordedDraws::Kind::kPlaced || !large) {
-    return 0;  // not worth building the followers' stacks
+  if (node.draws->kind != RecordedDraws::Kind::kPlaced || node.draws->generator_argument >= 0 ||
+      !large) {
+    return 0;  // runs whole: no followers' stacks to build
   }
   const std::vector<int64_t> followers = partwise_followers(fill);
   std::vector<PartwiseStep> then;
