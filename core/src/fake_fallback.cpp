@@ -147,11 +147,12 @@ class FakeCall {
       return false;
     }
     const at::Tensor self = argument(0).toTensor();
+    const std::optional<size_t> generator = generator_argument();
     if (self.numel() == 0) {
-      ask_cpu_kernel(/*one_element=*/false);
-    } else if (checks_only_its_arguments_on_cpu()) {
+      ask_cpu_kernel(std::nullopt);
+    } else if (checks_only_its_arguments_on_cpu(generator)) {
       at::assert_no_internal_overlap(fake_impl(self)->meta());
-      ask_cpu_kernel(/*one_element=*/true);
+      ask_cpu_kernel(generator);
     } else {
       return false;
     }
@@ -161,12 +162,12 @@ class FakeCall {
   }
 
   // Whether a fill of the fake self (non-empty) is Note [Random fills skip the meta kernel]'s
-  // case: a CPU fake, the only tensor, and a generator argument left to the default.
-  bool checks_only_its_arguments_on_cpu() {
+  // case: a CPU fake, the only tensor, and its generator argument `generator` left unset.
+  bool checks_only_its_arguments_on_cpu(std::optional<size_t> generator) {
     if (tensors_.size() != 1 || !argument(0).toTensor().device().is_cpu()) {
       return false;
     }
-    return generator_argument().has_value() && argument(*generator_argument()).isNone();
+    return generator.has_value() && argument(*generator).isNone();
   }
 
   std::optional<size_t> generator_argument() const {
@@ -182,9 +183,11 @@ class FakeCall {
   }
 
   // Runs the op's real CPU kernel for its verdict only, on CPU scratch tensors of the fakes'
-  // geometry, or with `one_element`, on one element of self's dtype drawing from a private
-  // generator. Otherwise whatever it draws from the default generator is undone.
-  void ask_cpu_kernel(bool one_element) {
+  // geometry, or given `one_element_drawing_from` (the generator argument), on one element of
+  // self's dtype drawing from a private generator. Otherwise whatever it draws from the default
+  // generator is undone.
+  void ask_cpu_kernel(std::optional<size_t> one_element_drawing_from) {
+    const bool one_element = one_element_drawing_from.has_value();
     const auto& arguments = schema_.arguments();
     RealOnlyGuard real_only;
     c10::impl::ExcludeDispatchKeyGuard no_autograd(
@@ -201,7 +204,7 @@ class FakeCall {
       }));
     }
     if (one_element) {
-      real_stack[*generator_argument()] = private_generator();
+      real_stack[*one_element_drawing_from] = private_generator();
       op_.callBoxed(&real_stack);
       return;
     }
