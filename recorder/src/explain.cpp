@@ -14,9 +14,9 @@
 namespace torchdefer {
 namespace {
 
-std::string shape_of(const std::vector<int64_t>& sizes) {
+std::string shape_of(c10::IntArrayRef sizes) {
   std::ostringstream out;
-  out << c10::IntArrayRef(sizes);
+  out << sizes;
   return out.str();
 }
 

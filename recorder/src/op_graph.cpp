@@ -23,9 +23,27 @@ int64_t OpGraph::add_node(RecordedNode node) {
   return static_cast<int64_t>(nodes_.size()) - 1;
 }
 
+// Note [Finding a fake's storage]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every recorded output and every write needs the index of the storage its fake views. A fake this
+// graph recorded carries its value (RecordedFake), and the value its storage: that storage is the
+// answer whenever its identity is still the fake's (set_ and its kin give a fake another storage,
+// and its annotation then names the old one). Otherwise, and for fakes new to the graph, the
+// storage identity is looked up in a table keyed by the meta StorageImpl.
+std::optional<int64_t> OpGraph::known_storage(const FakeTensorImpl& fake, int64_t known) const {
+  if (known < 0) {
+    return std::nullopt;
+  }
+  const int64_t storage = values_[known].storage;
+  if (storages_[storage].identity.unsafeGetStorageImpl() != fake.storage_identity()) {
+    return std::nullopt;
+  }
+  return storage;
+}
+
 int64_t OpGraph::storage_of(const FakeTensorImpl& fake, int64_t node) {
   const auto [it, inserted] =
-      storage_index_.try_emplace(fake.storage_identity(), static_cast<int64_t>(storages_.size()));
+      storage_index_.emplace(fake.storage_identity(), static_cast<int64_t>(storages_.size()));
   if (inserted) {
     RecordedStorage storage;
     storage.identity = fake.meta_storage();
@@ -37,29 +55,35 @@ int64_t OpGraph::storage_of(const FakeTensorImpl& fake, int64_t node) {
   return it->second;
 }
 
-int64_t OpGraph::add_output(int64_t node, const at::Tensor& fake) {
+int64_t OpGraph::add_output(int64_t node, const at::Tensor& fake, int64_t known) {
   const FakeTensorImpl* impl = fake_impl(fake);
   TORCH_INTERNAL_ASSERT(impl != nullptr, "torchdefer: only fakes are recorded as values");
-  RecordedValue value;
-  value.storage = storage_of(*impl, node);
+  const int64_t storage_index = known_storage(*impl, known).value_or(-1);
+  const int64_t storage = storage_index >= 0 ? storage_index : storage_of(*impl, node);
+  // Filled in place: moving a value copies its inline sizes.
+  RecordedValue& value = values_.emplace_back();
+  value.storage = storage;
   value.node = node;
-  value.sizes = fake.sizes().vec();
-  value.strides = fake.strides().vec();
+  value.sizes.assign(fake.sizes().begin(), fake.sizes().end());
+  value.strides.assign(fake.strides().begin(), fake.strides().end());
   value.storage_offset = fake.storage_offset();
   value.dtype = fake.scalar_type();
   value.device = fake.device();
-  values_.push_back(std::move(value));
   const int64_t index = static_cast<int64_t>(values_.size()) - 1;
-  RecordedStorage& storage = storages_[values_.back().storage];
-  if (storage.creator == node && storage.base_value < 0) {
-    storage.base_value = index;
+  RecordedStorage& record = storages_[storage];
+  if (record.creator == node && record.base_value < 0) {
+    record.base_value = index;
   }
   return index;
 }
 
-void OpGraph::add_write(int64_t node, const at::Tensor& fake) {
+void OpGraph::add_write(int64_t node, const at::Tensor& fake, int64_t known) {
   const FakeTensorImpl* impl = fake_impl(fake);
   TORCH_INTERNAL_ASSERT(impl != nullptr, "torchdefer: only writes into fakes are recorded");
+  if (const std::optional<int64_t> storage = known_storage(*impl, known)) {
+    add_writer(*storage, node);
+    return;
+  }
   const auto found = storage_index_.find(impl->storage_identity());
   if (found == storage_index_.end()) {
     // A fake this graph never saw (made under a plain FakeMode, or by another deferred_init):
@@ -72,7 +96,11 @@ void OpGraph::add_write(int64_t node, const at::Tensor& fake) {
     real_storages_.emplace_back(c10::intrusive_ptr<c10::StorageImpl>());
     return;
   }
-  std::vector<int64_t>& writers = storages_[found->second].writers;
+  add_writer(found->second, node);
+}
+
+void OpGraph::add_writer(int64_t storage, int64_t node) {
+  std::vector<int64_t>& writers = storages_[storage].writers;
   if (writers.back() != node) {
     writers.push_back(node);
   }

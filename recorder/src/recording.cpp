@@ -16,6 +16,8 @@
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <algorithm>
 #include <atomic>
@@ -131,13 +133,15 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
 }
 
 const OperatorFacts& facts_of(const c10::OperatorHandle& op) {
-  thread_local std::unordered_map<const c10::FunctionSchema*, OperatorFacts> known;
+  // By pointer, so that an entry stays where it is while ops run under a recorder that holds it.
+  thread_local ska::flat_hash_map<const c10::FunctionSchema*, std::unique_ptr<OperatorFacts>> known;
   const c10::FunctionSchema& schema = op.schema();
-  OperatorFacts& facts = known[&schema];
-  if (facts.name != schema.name() || facts.overload_name != schema.overload_name()) {
-    facts = facts_of_schema(op);
+  std::unique_ptr<OperatorFacts>& facts = known[&schema];
+  if (facts == nullptr || facts->name != schema.name() ||
+      facts->overload_name != schema.overload_name()) {
+    facts = std::make_unique<OperatorFacts>(facts_of_schema(op));
   }
-  return facts;
+  return *facts;
 }
 
 // Calls `f` on every tensor map_tensors() visits in `value`, in the same order, without building
@@ -425,6 +429,9 @@ class Recorder {
     node.arguments.reserve(schema_.arguments().size());
     node.inputs.reserve(tensors_);
     const bool random = facts_.random;
+    if (random) {
+      arguments_.reserve(tensors_);
+    }
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
       node.arguments.push_back(map_tensors(stack_[i], [&](const at::Tensor& t) {
         node.inputs.push_back(classify(t));
@@ -476,26 +483,40 @@ class Recorder {
                                      ", outside that call";
   }
 
+  // The value `t` was recorded as in this graph, or -1 (Note [Finding a fake's storage]).
+  int64_t value_in_graph(const at::Tensor& t) const {
+    const RecordedFake* rec = recorded(t);
+    return rec != nullptr && rec->graph == graph_ ? rec->value : -1;
+  }
+
   void record(RecordedNode node) {
-    std::vector<at::Tensor> fake_outputs;
+    c10::SmallVector<at::Tensor, 2> fake_outputs;
     const size_t first_return = stack_.size() - schema_.returns().size();
-    fake_outputs.reserve(schema_.returns().size());
+    bool produces_fakes = false;
     for (size_t i = first_return; i < stack_.size(); ++i) {
       for_each_tensor(stack_[i], [&](const at::Tensor& t) {
-        fake_outputs.push_back(is_fake(t) ? t : at::Tensor());
+        const bool fake = is_fake(t);
+        produces_fakes = produces_fakes || fake;
+        fake_outputs.push_back(fake ? t : at::Tensor());
       });
     }
-    const bool produces_fakes = std::any_of(fake_outputs.begin(), fake_outputs.end(),
-                                            [](const at::Tensor& t) { return t.defined(); });
     if (!produces_fakes && written_.empty()) {
       return;
     }
-    auto lock = graph_->lock();
+    // A random op is placed before it joins the graph: placing may read values or run the op
+    // (Note [Torch-mode draw offsets]), which takes the graph's lock itself, and an op that cannot
+    // be placed is not recorded.
+    std::optional<RecordedDraws> draws;
+    if (facts_.random) {
+      const at::Tensor& target = written_.empty() ? first_fake(fake_outputs) : written_.front();
+      draws = detail::place_random_node(graph_, node, target, arguments_, tls_graph != nullptr);
+    }
+    const auto lock = graph_->lock();
     const int64_t index = graph_->add_node(std::move(node));
     // Writes first: an in-place op on a fake this graph did not create returns that fake, which
     // must not become a value created by this node (its storage has no recorded origin).
     for (const at::Tensor& t : written_) {
-      graph_->add_write(index, t);
+      graph_->add_write(index, t, value_in_graph(t));
     }
     std::vector<int64_t> outputs;
     outputs.reserve(fake_outputs.size());
@@ -504,7 +525,7 @@ class Recorder {
         outputs.push_back(-1);
         continue;
       }
-      const int64_t value = graph_->add_output(index, t);
+      const int64_t value = graph_->add_output(index, t, value_in_graph(t));
       FakeTensorImpl* impl = fake_impl(t);
       impl->set_annotation(std::make_shared<RecordedFake>(graph_, value));
       impl->include_dispatch_key(kDeferredInitKey);
@@ -512,18 +533,9 @@ class Recorder {
     }
     remember_real_reads(index);
     graph_->set_outputs(index, std::move(outputs));
-    if (!facts_.random) {
-      return;
+    if (draws) {
+      graph_->set_draws(index, std::move(*draws));
     }
-    // Placing may read values or run the op (Note [Torch-mode draw offsets]), which takes the
-    // graph's lock itself.
-    const RecordedNode recorded_node = graph_->nodes()[index];
-    lock.unlock();
-    const at::Tensor& target = written_.empty() ? first_fake(fake_outputs) : written_.front();
-    RecordedDraws draws =
-        detail::place_random_node(graph_, recorded_node, target, arguments_, tls_graph != nullptr);
-    lock.lock();
-    graph_->set_draws(index, std::move(draws));
   }
 
   // Note [Real tensors written while recording]: which real tensors the recording in progress
@@ -541,7 +553,7 @@ class Recorder {
     }
   }
 
-  static const at::Tensor& first_fake(const std::vector<at::Tensor>& tensors) {
+  static const at::Tensor& first_fake(c10::ArrayRef<at::Tensor> tensors) {
     return *std::find_if(tensors.begin(), tensors.end(),
                          [](const at::Tensor& t) { return t.defined(); });
   }
@@ -552,7 +564,7 @@ class Recorder {
   torch::jit::Stack& stack_;
   const size_t first_argument_;
   std::shared_ptr<OpGraph> graph_;
-  std::vector<at::Tensor> written_;
+  c10::SmallVector<at::Tensor, 2> written_;
   std::vector<at::Tensor> written_real_;
   std::vector<at::Tensor> arguments_;  // a random op's tensor arguments, in input order
   bool has_fake_ = false;

@@ -13,11 +13,12 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string_view>
-#include <unordered_map>
 
 namespace torchdefer::detail {
 namespace {
@@ -142,27 +143,29 @@ struct RandomOperator {
 };
 
 const RandomOperator& random_operator(const c10::FunctionSchema& schema) {
-  thread_local std::unordered_map<const c10::FunctionSchema*, RandomOperator> known;
-  RandomOperator& op = known[&schema];
-  if (op.name == schema.name() && op.overload_name == schema.overload_name()) {
-    return op;
+  // By pointer, so that an entry stays where it is while the op it describes runs on scratch.
+  thread_local ska::flat_hash_map<const c10::FunctionSchema*, std::unique_ptr<RandomOperator>>
+      known;
+  std::unique_ptr<RandomOperator>& op = known[&schema];
+  if (op != nullptr && op->name == schema.name() && op->overload_name == schema.overload_name()) {
+    return *op;
   }
-  op = RandomOperator{schema.name(), schema.overload_name(), find_op_info(schema.operator_name())};
+  op = std::make_unique<RandomOperator>(
+      RandomOperator{schema.name(), schema.overload_name(), find_op_info(schema.operator_name())});
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     if (schema.arguments()[i].name() == "generator") {
-      op.generator = i;
+      op->generator = i;
       break;
     }
   }
-  return op;
+  return *op;
 }
 
-}  // namespace
-
-DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Tensor& target) {
+DrawPlan plan_draws(const RandomOperator& op, const OpGraph& graph, const RecordedNode& node,
+                    const at::Tensor& target) {
   const c10::FunctionSchema& schema = node.op.schema();
   const std::vector<c10::IValue>& arguments = node.arguments;
-  const OpInfo* info = random_operator(schema).info;
+  const OpInfo* info = op.info;
   const uint64_t n = static_cast<uint64_t>(target.numel());
   const c10::ScalarType dtype = target.scalar_type();
   switch (info != nullptr && info->draws ? *info->draws : DrawRule::kOnScratch) {
@@ -201,6 +204,12 @@ DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Te
     }
   }
   return on_scratch();
+}
+
+}  // namespace
+
+DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Tensor& target) {
+  return plan_draws(random_operator(node.op.schema()), graph, node, target);
 }
 
 namespace {
@@ -324,9 +333,10 @@ RecordedDraws run_on_scratch_now(const std::shared_ptr<OpGraph>& graph, const Re
   return draws;
 }
 
-// The position of `node`'s `generator=` argument when it is given one.
-std::optional<size_t> explicit_generator_argument(const RecordedNode& node) {
-  const std::optional<size_t> argument = random_operator(node.op.schema()).generator;
+// The position of `node`'s `generator=` argument (of operator `op`) when it is given one.
+std::optional<size_t> explicit_generator_argument(const RandomOperator& op,
+                                                  const RecordedNode& node) {
+  const std::optional<size_t> argument = op.generator;
   if (!argument || *argument >= node.arguments.size() || !node.arguments[*argument].isGenerator()) {
     return std::nullopt;
   }
@@ -385,8 +395,9 @@ RecordedDraws place_on_own_generator(const std::shared_ptr<OpGraph>& graph,
 RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
                                 const at::Tensor& target, const std::vector<at::Tensor>& tensors,
                                 bool in_recording_scope) {
-  const DrawPlan plan = plan_draws(*graph, node, target);
-  if (const std::optional<size_t> argument = explicit_generator_argument(node)) {
+  const RandomOperator& op = random_operator(node.op.schema());
+  const DrawPlan plan = plan_draws(op, *graph, node, target);
+  if (const std::optional<size_t> argument = explicit_generator_argument(op, node)) {
     return place_on_own_generator(graph, node, *argument, plan, tensors);
   }
   RecordedDraws draws;

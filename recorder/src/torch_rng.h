@@ -76,10 +76,10 @@ struct DrawPlan {
 // it fills (its written argument, or its output for factories).
 DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Tensor& target);
 
-// Places `node` of `graph` (already run on fakes; `tensors` are the tensors it was called with,
-// in input order) on the current thread's generator chain and advances the chain by its draws;
-// runs it on scratch first when the plan says so, or places a lazy anchor after it when its draws
-// depend on values. Call without holding the graph's lock.
+// Places `node`, about to be added to `graph` (already run on fakes; `tensors` are the tensors it
+// was called with, in input order), on the current thread's generator chain and advances the chain
+// by its draws; runs it on scratch first when the plan says so, or places a lazy anchor after it
+// when its draws depend on values. Call without holding the graph's lock.
 RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
                                 const at::Tensor& target, const std::vector<at::Tensor>& tensors,
                                 bool in_recording_scope);

@@ -32,7 +32,7 @@ struct BoxView {
   std::vector<int64_t> origin;    // per base dimension: the view's first coordinate
 };
 
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
+std::vector<int64_t> contiguous_strides(c10::IntArrayRef sizes) {
   std::vector<int64_t> strides(sizes.size(), 1);
   for (size_t d = sizes.size(); d-- > 1;) {
     strides[d - 1] = strides[d] * std::max<int64_t>(sizes[d], 1);
@@ -41,7 +41,8 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
 }
 
 std::optional<BoxView> box_view(const RecordedValue& view, const RecordedValue& base) {
-  if (view.dtype != base.dtype || base.strides != contiguous_strides(base.sizes)) {
+  if (view.dtype != base.dtype ||
+      c10::IntArrayRef(base.strides) != contiguous_strides(base.sizes)) {
     return std::nullopt;
   }
   const size_t rank = base.sizes.size();
@@ -82,8 +83,8 @@ std::optional<BoxView> box_view(const RecordedValue& view, const RecordedValue& 
 // base. Its whole box is the base's whole box, though, so materializing all of it works.
 bool reshapes_whole_base(const RecordedValue& view, const RecordedValue& base) {
   return view.dtype == base.dtype && view.storage_offset == base.storage_offset &&
-         view.strides == contiguous_strides(view.sizes) &&
-         base.strides == contiguous_strides(base.sizes) &&
+         c10::IntArrayRef(view.strides) == contiguous_strides(view.sizes) &&
+         c10::IntArrayRef(base.strides) == contiguous_strides(base.sizes) &&
          c10::multiply_integers(view.sizes) == c10::multiply_integers(base.sizes);
 }
 

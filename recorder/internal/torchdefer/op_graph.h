@@ -9,13 +9,14 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/Storage.h>
+#include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace torchdefer {
@@ -55,8 +56,9 @@ struct RecordedInput {
 struct RecordedValue {
   int64_t storage = -1;
   int64_t node = -1;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
+  // Inline up to 5 dimensions: recording appends a value per output, and most have a few.
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
   int64_t storage_offset = 0;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   c10::Device device = c10::Device(c10::kCPU);
@@ -123,11 +125,13 @@ class OpGraph {
   int64_t add_node(RecordedNode node);
 
   // Records output `fake` of node `node`: finds or creates its storage (created by `node` if the
-  // graph has not seen it) and returns the new value's index.
-  int64_t add_output(int64_t node, const at::Tensor& fake);
+  // graph has not seen it) and returns the new value's index. `known` is the value `fake` was
+  // recorded as in this graph before, if it was (an in-place op returns its argument).
+  int64_t add_output(int64_t node, const at::Tensor& fake, int64_t known = -1);
 
-  // Records that `node` wrote into the storage `fake` views.
-  void add_write(int64_t node, const at::Tensor& fake);
+  // Records that `node` wrote into the storage `fake` views. `known` is the value `fake` was
+  // recorded as in this graph, if it was (a hint: Note [Finding a fake's storage]).
+  void add_write(int64_t node, const at::Tensor& fake, int64_t known = -1);
 
   // Replaces input `input` of `node` (in map_tensors order): the recorder swaps a real tensor it
   // held by reference for a copy of what the node read (Note [Real tensors written while
@@ -167,6 +171,8 @@ class OpGraph {
 
  private:
   int64_t storage_of(const FakeTensorImpl& fake, int64_t node);
+  std::optional<int64_t> known_storage(const FakeTensorImpl& fake, int64_t known) const;
+  void add_writer(int64_t storage, int64_t node);
 
   std::string context_;
   std::vector<RecordedNode> nodes_;
@@ -174,7 +180,8 @@ class OpGraph {
   std::vector<RecordedStorage> storages_;
   // Per storage, what set_real_storage() recorded.
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> real_storages_;
-  std::unordered_map<const c10::StorageImpl*, int64_t> storage_index_;
+  // Open addressing: every recorded output and write looks its storage up here.
+  ska::flat_hash_map<const c10::StorageImpl*, int64_t> storage_index_;
   std::vector<std::shared_ptr<RngAnchor>> rng_anchors_;
   uint64_t random_ops_ = 0;
   const uint64_t counter_seed_;
