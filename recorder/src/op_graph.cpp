@@ -17,7 +17,7 @@ OpGraph::OpGraph(std::string context, uint64_t counter_seed)
 
 OpGraph::~OpGraph() { live_nodes -= static_cast<int64_t>(nodes_.size()); }
 
-int64_t OpGraph::add_node(RecordedNode node) {
+int64_t OpGraph::add_node(RecordedNode&& node) {
   nodes_.push_back(std::move(node));
   ++live_nodes;
   return static_cast<int64_t>(nodes_.size()) - 1;

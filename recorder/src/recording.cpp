@@ -489,7 +489,7 @@ class Recorder {
     return rec != nullptr && rec->graph == graph_ ? rec->value : -1;
   }
 
-  void record(RecordedNode node) {
+  void record(RecordedNode&& node) {
     c10::SmallVector<at::Tensor, 2> fake_outputs;
     const size_t first_return = stack_.size() - schema_.returns().size();
     bool produces_fakes = false;

@@ -122,7 +122,7 @@ class OpGraph {
   const std::vector<RecordedStorage>& storages() const { return storages_; }
 
   // Appends `node` (its outputs filled in by add_output) and returns its index.
-  int64_t add_node(RecordedNode node);
+  int64_t add_node(RecordedNode&& node);
 
   // Records output `fake` of node `node`: finds or creates its storage (created by `node` if the
   // graph has not seen it) and returns the new value's index. `known` is the value `fake` was
