@@ -203,7 +203,9 @@ void for_each_tensor(const c10::IValue& value, const F& f) {
 // second time; the Fake layer computes the outputs, and the recorder annotates each output fake
 // with its value and adds kDeferredInitKey to it. Arguments are classified before the op runs:
 // an in-place op must be recorded reading the input's old value and the real tensors' versions
-// as they were.
+// as they were. A random op is placed on its generator (Note [Torch-mode draw offsets]) before its
+// node joins the graph: one that cannot be placed (an explicit generator of another device, a
+// scratch run that fails) leaves no node behind, and placing needs no copy of a node in the graph.
 class Recorder {
  public:
   Recorder(const c10::OperatorHandle& op, torch::jit::Stack* stack)
@@ -503,9 +505,8 @@ class Recorder {
     if (!produces_fakes && written_.empty()) {
       return;
     }
-    // A random op is placed before it joins the graph: placing may read values or run the op
-    // (Note [Torch-mode draw offsets]), which takes the graph's lock itself, and an op that cannot
-    // be placed is not recorded.
+    // Placing may read values or run the op (Note [Torch-mode draw offsets]), which takes the
+    // graph's lock itself: it comes before the lock (Note [Recording an op]).
     std::optional<RecordedDraws> draws;
     if (facts_.random) {
       const at::Tensor& target = written_.empty() ? first_fake(fake_outputs) : written_.front();
