@@ -99,6 +99,11 @@ void shift_up(const uint64_t* h, unsigned shift, uint64_t* out) {
 }
 
 // p mod φ, almost reduced, for p of degree < 2·19968 (Note [Reduction modulo φ by its terms]).
+// Its XORs of ten words vectorize: compiled for AVX2 as well, a squaring takes ~21 µs instead of
+// ~25 (BM_Mt19937Jump between 16.7M and 8·10^9 draws: 9 squarings more), with the same bits.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("avx2", "default")))
+#endif
 void fold(Product& p, Poly& out) {
   for (int f = kFolds; f-- > 0;) {
     uint64_t* folded = p.data() + kWords + f * kFoldWords;

@@ -1,5 +1,7 @@
 #include "torch_rng.h"
 
+#include "background_jump.h"
+
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor.h>
@@ -44,10 +46,24 @@ auto with_default_generator(F&& f) {
   return f(generator, at::check_generator<at::CPUGeneratorImpl>(generator));
 }
 
+// Where apply_unapplied() jumps: on this thread, or, when the chain ends anyway, on the worker
+// (Note [The jump in the background]).
+enum class Apply { kNow, kInBackground };
+
+// Shorter jumps run the recurrence word by word in a few microseconds, less than handing them
+// over costs.
+constexpr uint64_t kShortestBackgroundJump = uint64_t{1} << 16;
+
 // Applies the chain's unapplied draws, unless someone moved the generator in the meantime (a
-// reseed makes them moot, as it would have in eager).
-void apply_unapplied() {
+// reseed makes them moot, as it would have in eager). In the background, the chain's `expected`
+// is not known afterwards: only for a chain that ends.
+void apply_unapplied(Apply how = Apply::kNow) {
   if (chain.unapplied == 0) {
+    return;
+  }
+  if (how == Apply::kInBackground && chain.unapplied >= kShortestBackgroundJump) {
+    jump_default_generator_in_background(chain.expected, chain.unapplied);
+    chain.unapplied = 0;
     return;
   }
   with_default_generator([](at::Generator&, at::CPUGeneratorImpl* impl) {
@@ -60,6 +76,8 @@ void apply_unapplied() {
   });
   chain.unapplied = 0;
 }
+
+void settle_chain(Apply how);
 
 bool generator_moved() {
   return with_default_generator([](at::Generator&, at::CPUGeneratorImpl* impl) {
@@ -269,7 +287,7 @@ void continue_chain(const std::shared_ptr<OpGraph>& graph) {
   if (chain.graph == graph && chain.anchor >= 0 && !generator_moved()) {
     return;
   }
-  settle_generator();
+  settle_chain(Apply::kNow);
   start_chain(graph);
 }
 
@@ -311,7 +329,7 @@ RecordedDraws run_on_scratch_now(const std::shared_ptr<OpGraph>& graph, const Re
   if (chain.lazy) {
     settle_generator_exactly();
   } else {
-    settle_generator();
+    settle_chain(Apply::kNow);
   }
   RecordedDraws draws;
   draws.kind = RecordedDraws::Kind::kAnchorOnly;
@@ -437,7 +455,11 @@ uint64_t default_generator_digest() {
   return hash;
 }
 
-void settle_generator() {
+namespace {
+
+// Applies the chain's draws (`how`), or leaves the generator owed when they follow a lazy anchor,
+// and forgets the chain.
+void settle_chain(Apply how) {
   if (chain.anchor < 0) {
     chain = Chain{};
     return;
@@ -451,13 +473,17 @@ void settle_generator() {
     set_generator_debt(GeneratorDebt{anchor, chain.offset, chain.expected, chain.graph->context(),
                                      anchor->pending_samplers(), chain.graph, chain.anchor});
   } else {
-    apply_unapplied();
+    apply_unapplied(how);
   }
   chain = Chain{};
 }
 
+}  // namespace
+
+void settle_generator() { settle_chain(Apply::kInBackground); }
+
 void settle_generator_exactly() {
-  settle_generator();
+  settle_chain(Apply::kNow);
   pay_generator_debt_now();
 }
 

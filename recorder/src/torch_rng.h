@@ -44,9 +44,10 @@ namespace torchdefer::detail {
 //
 // The generator itself is advanced lazily: draws accumulate and are applied with one jump
 // (Note [MT19937 jump-ahead]) when the recording scope ends and before any unrecorded random op;
-// so a 70B recording costs one jump, not one per parameter. A chain that continues from a lazy
-// anchor cannot be applied; it ends as the owed generator (Note [The generator after
-// deferred_init]). Anyone who touches the generator between two recorded random ops
+// so a 70B recording costs one jump, not one per parameter. The one at scope end is made on a
+// worker thread while deferred_init returns (Note [The jump in the background]). A chain that
+// continues from a lazy anchor cannot be applied; it ends as the owed generator (Note [The
+// generator after deferred_init]). Anyone who touches the generator between two recorded random ops
 // (torch::manual_seed in a constructor) is noticed by comparing its state with the one the
 // recorder left, and the chain starts a new anchor.
 struct DrawPlan {

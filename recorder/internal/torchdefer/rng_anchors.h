@@ -71,7 +71,11 @@ namespace detail {
 // Eager construction leaves the default CPU generator somewhere; code after deferred_init that
 // draws (dropout masks, data order) should see the same numbers as after eager construction.
 // When every recorded draw is counted from shapes, the recorder applies them with one jump at
-// scope end, and the generator is exact at once. When the recording ends on a lazy anchor (Note
+// scope end, and the generator is exact at once for everyone who locks it, as all of PyTorch does:
+// the jump is made on a worker thread that holds the generator's mutex from before deferred_init
+// returns until the generator is where eager leaves it (Note [The jump in the background] in
+// recorder/src/background_jump.h; exact_generator makes it on the caller's thread, for C++ code
+// that reads the generator without its mutex). When the recording ends on a lazy anchor (Note
 // [Lazy RNG anchors]), where eager leaves the generator is known only once that anchor is
 // resolved, so the generator is *owed*: it stays where the recorder left it, marked as owed (Note
 // [The owed generator's mark] in rng_anchors.cpp: a reseed to the same seed must not look like
