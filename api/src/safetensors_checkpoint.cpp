@@ -46,12 +46,25 @@ class SafetensorsCheckpoint final : public CheckpointReader {
   const std::map<std::string, CheckpointTensor>& tensors() const override { return tensors_; }
 
   void read(const std::string& name, const Box& box, const at::Tensor& out) const override {
-    const auto it = file_of_.find(name);
-    TORCH_CHECK(it != file_of_.end(), "torchdefer: the checkpoint holds no tensor '", name, "'");
-    it->second->read(name, box, out);
+    detail::StagingBuffer staging;
+    file_holding(name).read(name, box, out, staging);
+  }
+
+  // The reads share one staging buffer (Note [One staging buffer for a batch]).
+  void read_all(const std::vector<CheckpointRead>& reads) const override {
+    detail::StagingBuffer staging;
+    for (const CheckpointRead& r : reads) {
+      file_holding(r.name).read(r.name, r.box, r.out, staging);
+    }
   }
 
  private:
+  const detail::SafetensorsFile& file_holding(const std::string& name) const {
+    const auto it = file_of_.find(name);
+    TORCH_CHECK(it != file_of_.end(), "torchdefer: the checkpoint holds no tensor '", name, "'");
+    return *it->second;
+  }
+
   void open_file(const std::string& path) {
     files_.push_back(std::make_unique<detail::SafetensorsFile>(path));
     const detail::SafetensorsFile& file = *files_.back();

@@ -129,6 +129,23 @@ void populate_for_write(char* begin, int64_t nbytes) {
 
 }  // namespace
 
+// Note [One staging buffer for a batch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A read that casts stages the file's bytes in a buffer of up to kMaxBufferBytes. Allocated
+// per tensor, each buffer would be fresh memory whose first touch costs more than the read
+// (Note [Touching the destination just ahead of the read]), paid again for every tensor: a
+// float32 checkpoint read into a bfloat16 model would fault in as many staging pages as the
+// file has. The reads of one read_all share one buffer instead, so its pages are faulted in
+// once. It is not zero-filled: pread overwrites every byte that is cast.
+char* StagingBuffer::reserve(int64_t nbytes) {
+  if (nbytes > size_) {
+    data_.reset();
+    data_.reset(new char[static_cast<size_t>(nbytes)]);
+    size_ = nbytes;
+  }
+  return data_.get();
+}
+
 c10::ScalarType safetensors_dtype(const std::string& name, const std::string& what) {
   const auto it = dtype_names().find(name);
   TORCH_CHECK(it != dtype_names().end(), "torchdefer: ", what, " has dtype \"", name,
@@ -226,7 +243,8 @@ void SafetensorsFile::parse_header() {
   }
 }
 
-void SafetensorsFile::read(const std::string& name, const Box& box, const at::Tensor& out) const {
+void SafetensorsFile::read(const std::string& name, const Box& box, const at::Tensor& out,
+                           StagingBuffer& staging) const {
   const auto it = entries_.find(name);
   TORCH_CHECK(it != entries_.end(), "torchdefer: ", path_, " holds no tensor '", name, "'");
   const Entry& entry = it->second;
@@ -248,14 +266,14 @@ void SafetensorsFile::read(const std::string& name, const Box& box, const at::Te
   }
   const int64_t capacity = std::min<int64_t>(static_cast<int64_t>(out.numel()) * element_size,
                                              kMaxBufferBytes / element_size * element_size);
-  std::vector<char> buffer(static_cast<size_t>(capacity));
+  char* const buffer = staging.reserve(capacity);
   const at::Tensor flat = out.view(-1);
   int64_t used = 0;
   int64_t written = 0;  // elements of `out` filled
   const auto flush = [&] {
     const int64_t count = used / element_size;
     const at::Tensor staged =
-        at::from_blob(buffer.data(), {count}, at::TensorOptions().dtype(entry.meta.dtype));
+        at::from_blob(buffer, {count}, at::TensorOptions().dtype(entry.meta.dtype));
     flat.narrow(0, written, count).copy_(staged);
     written += count;
     used = 0;
@@ -263,7 +281,7 @@ void SafetensorsFile::read(const std::string& name, const Box& box, const at::Te
   for_each_run(entry.meta.sizes, box, element_size, [&](int64_t offset, int64_t nbytes) {
     while (nbytes > 0) {
       const int64_t take = std::min(nbytes, capacity - used);
-      pread_exact(buffer.data() + used, take, entry.offset + offset, name);
+      pread_exact(buffer + used, take, entry.offset + offset, name);
       used += take;
       offset += take;
       nbytes -= take;

@@ -9,9 +9,21 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 namespace torchdefer::detail {
+
+// The staging buffer of the reads that cast (Note [One staging buffer for a batch]): grown to
+// the largest size asked for, never beyond SafetensorsFile::kMaxBufferBytes, and kept.
+class StagingBuffer {
+ public:
+  char* reserve(int64_t nbytes);
+
+ private:
+  std::unique_ptr<char[]> data_;
+  int64_t size_ = 0;
+};
 
 class SafetensorsFile {
  public:
@@ -32,8 +44,10 @@ class SafetensorsFile {
 
   const std::string& path() const { return path_; }
   const std::map<std::string, Entry>& entries() const { return entries_; }
-  // CheckpointReader::read for a tensor of this file.
-  void read(const std::string& name, const Box& box, const at::Tensor& out) const;
+  // CheckpointReader::read for a tensor of this file; a read that casts stages through
+  // `staging`, which the reads of one batch share.
+  void read(const std::string& name, const Box& box, const at::Tensor& out,
+            StagingBuffer& staging) const;
 
   // The largest staging buffer read() uses when it cannot read into `out` directly.
   static constexpr int64_t kMaxBufferBytes = 64 << 20;

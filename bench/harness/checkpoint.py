@@ -214,9 +214,14 @@ def run_fsdp2(root: Path, hidden: int, layers: int, world: int) -> List[Dict[str
     return results
 
 
-def cat_seconds(root: Path) -> float:
+def dcp_files(root: Path) -> List[Path]:
+    return sorted((root / "dcp").glob("*.distcp"))
+
+
+def cat_seconds(root: Path, files: Optional[List[Path]] = None) -> float:
+    """`cat` of ``files`` (the safetensors files unless given) to /dev/null."""
     start = time.perf_counter()
-    subprocess.run(["cat", *map(str, safetensors_files(root))], stdout=subprocess.DEVNULL, check=True)
+    subprocess.run(["cat", *map(str, files or safetensors_files(root))], stdout=subprocess.DEVNULL, check=True)
     return time.perf_counter() - start
 
 
@@ -230,6 +235,19 @@ def first_touch_seconds(nbytes: int) -> float:
     elapsed = time.perf_counter() - start
     region.close()
     return elapsed
+
+
+def copy_seconds(nbytes: int) -> float:
+    """One memcpy (numpy.copyto, one thread) of ``nbytes`` between two buffers both already
+    written: what putting the bytes into memory of the process costs with no file, no kernel
+    and no first touch, the ceiling of any reader that fills a destination of its own."""
+    import numpy
+
+    source = numpy.full(nbytes, 1, dtype=numpy.uint8)
+    target = numpy.full(nbytes, 2, dtype=numpy.uint8)
+    start = time.perf_counter()
+    numpy.copyto(target, source)
+    return time.perf_counter() - start
 
 
 def preadv_seconds(root: Path, touched: bool) -> float:
@@ -252,10 +270,10 @@ def preadv_seconds(root: Path, touched: bool) -> float:
 
 
 def evict(root: Path) -> None:
-    """Drops the safetensors files' pages from the page cache (POSIX_FADV_DONTNEED on these
-    files only, which `fincore` confirms leaves none of them cached), so that the next read
-    comes from the disk."""
-    for path in safetensors_files(root):
+    """Drops the safetensors and DCP files' pages from the page cache (POSIX_FADV_DONTNEED on
+    these files only, which `fincore` confirms leaves none of them cached), so that the next
+    read comes from the disk."""
+    for path in safetensors_files(root) + dcp_files(root):
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -264,8 +282,9 @@ def evict(root: Path) -> None:
             os.close(fd)
 
 
-def materialize_seconds(root: Path, hidden: int, layers: int, cold: bool) -> float:
-    """The whole model's materialize_module(checkpoint=dir), recording excluded."""
+def materialize_seconds(root: Path, hidden: int, layers: int, cold: bool, source: str = "hf") -> float:
+    """The whole model's materialize_module(checkpoint=root / source): the save_pretrained
+    directory ("hf") or the DCP one ("dcp"), recording excluded."""
     import transformers
 
     import torchdefer
@@ -277,16 +296,18 @@ def materialize_seconds(root: Path, hidden: int, layers: int, cold: bool) -> flo
     if cold:
         evict(root)
     start = time.perf_counter()
-    torchdefer.materialize_module(model, checkpoint=root / "hf")
+    torchdefer.materialize_module(model, checkpoint=root / source)
     return time.perf_counter() - start
 
 
 def read_speed(root: Path, hidden: int, layers: int, reps: int) -> Dict[str, float]:
     """The reader against the ceilings, back to back in this process, ``reps`` times: warm, cat,
     preadv into fresh and into touched memory, the first touch of as much fresh memory alone,
-    and materialize_module(checkpoint=dir); cold (the files evicted before each), cat and
-    materialize_module. Prints each round and the medians; returns the medians."""
+    a copy between written buffers, and materialize_module(checkpoint=dir); cold (the files
+    evicted before each), cat and materialize_module; then the same cat and materialize_module
+    pairs for the DCP directory. Prints each round and the medians; returns the medians."""
     nbytes = sum(p.stat().st_size for p in safetensors_files(root))
+    dcp = dcp_files(root)
     cat_seconds(root)
     rounds: List[Dict[str, float]] = []
     for _ in range(reps):
@@ -295,18 +316,27 @@ def read_speed(root: Path, hidden: int, layers: int, reps: int) -> Dict[str, flo
         r["warm_preadv_fresh"] = preadv_seconds(root, touched=False)
         r["warm_preadv_touched"] = preadv_seconds(root, touched=True)
         r["first_touch"] = first_touch_seconds(nbytes)
+        r["copy"] = copy_seconds(nbytes)
         r["warm_materialize"] = materialize_seconds(root, hidden, layers, cold=False)
         evict(root)
         r["cold_cat"] = cat_seconds(root)
         r["cold_materialize"] = materialize_seconds(root, hidden, layers, cold=True)
+        cat_seconds(root, dcp)  # warm
+        r["warm_dcp_cat"] = cat_seconds(root, dcp)
+        r["warm_dcp_materialize"] = materialize_seconds(root, hidden, layers, cold=False, source="dcp")
+        evict(root)
+        r["cold_dcp_cat"] = cat_seconds(root, dcp)
+        r["cold_dcp_materialize"] = materialize_seconds(root, hidden, layers, cold=True, source="dcp")
         cat_seconds(root)  # warm again for the next round
         rounds.append(r)
         print("  ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     print(f"medians of {reps} ({nbytes / 1e6:.0f} MB): " + "  ".join(f"{k} {v:.3f} s" for k, v in med.items()))
-    for kind in ("warm", "cold"):
-        print(f"{kind}: materialize_module reads at {nbytes / med[kind + '_materialize'] / 1e6:.0f} MB/s, "
-              f"cat at {nbytes / med[kind + '_cat'] / 1e6:.0f} MB/s: "
+    med["dcp_bytes"] = sum(p.stat().st_size for p in dcp)
+    for kind in ("warm", "cold", "warm_dcp", "cold_dcp"):
+        n = med["dcp_bytes"] if kind.endswith("dcp") else nbytes
+        print(f"{kind}: materialize_module reads at {n / med[kind + '_materialize'] / 1e6:.0f} MB/s, "
+              f"cat at {n / med[kind + '_cat'] / 1e6:.0f} MB/s: "
               f"{med[kind + '_cat'] / med[kind + '_materialize']:.0%} of cat")
     return med
 
@@ -446,24 +476,38 @@ def section(results: Dict[str, Any]) -> str:
     if speed:
         nbytes = results["file_bytes"]
 
-        def rate(key: str) -> str:
-            return f"{speed[key]:.3f} s ({nbytes / speed[key] / 1e6:,.0f} MB/s)"
+        def rate(key: str) -> str:  # empty for a result written before the harness measured it
+            if key not in speed:
+                return ""
+            n = speed["dcp_bytes"] if "dcp" in key else nbytes
+            return f"{speed[key]:.3f} s ({n / speed[key] / 1e6:,.0f} MB/s)"
 
         parts += [
             "",
             f"Read speed (`--read-speed`, medians of {speed['reps']} round{'s' if speed['reps'] > 1 else ''} in one process, each round: warm `cat`, "
             "one `preadv` per file into fresh and into already written memory, mapping as much fresh memory "
-            "with `MAP_POPULATE` alone, the whole model's `materialize_module(checkpoint=dir)`; then, the files "
-            "evicted (`POSIX_FADV_DONTNEED`), `cat` and `materialize_module` cold; 1-minute load average "
-            f"{_load(speed['load'])}):",
+            "with `MAP_POPULATE` alone, one memcpy of as many bytes between two written buffers, the whole "
+            "model's `materialize_module(checkpoint=dir)`; then, the files evicted (`POSIX_FADV_DONTNEED`), "
+            "`cat` and `materialize_module` cold"
+            + ("; then the same two pairs for the DCP directory and its `.distcp` files" if "warm_dcp_cat" in speed else "")
+            + f"; 1-minute load average {_load(speed['load'])}):",
             "",
-            "| | `cat` | `preadv`, fresh memory | `preadv`, written memory | fresh memory alone | `materialize_module` | reader / `cat` |",
-            "|---|---|---|---|---|---|---|",
+            "| | `cat` | `preadv`, fresh memory | `preadv`, written memory | fresh memory alone | "
+            "memcpy, written memory | `materialize_module` | reader / `cat` |",
+            "|---|---|---|---|---|---|---|---|",
             f"| warm | {rate('warm_cat')} | {rate('warm_preadv_fresh')} | {rate('warm_preadv_touched')} | "
-            f"{speed['first_touch']:.3f} s | {rate('warm_materialize')} | {speed['warm_cat'] / speed['warm_materialize']:.0%} |",
-            f"| cold | {rate('cold_cat')} | | | | {rate('cold_materialize')} | "
+            f"{speed['first_touch']:.3f} s | {rate('copy')} | {rate('warm_materialize')} | "
+            f"{speed['warm_cat'] / speed['warm_materialize']:.0%} |",
+            f"| cold | {rate('cold_cat')} | | | | | {rate('cold_materialize')} | "
             f"{speed['cold_cat'] / speed['cold_materialize']:.0%} |",
         ]
+        if "warm_dcp_cat" in speed:
+            parts += [
+                f"| warm, DCP | {rate('warm_dcp_cat')} | | | | | {rate('warm_dcp_materialize')} | "
+                f"{speed['warm_dcp_cat'] / speed['warm_dcp_materialize']:.0%} |",
+                f"| cold, DCP | {rate('cold_dcp_cat')} | | | | | {rate('cold_dcp_materialize')} | "
+                f"{speed['cold_dcp_cat'] / speed['cold_dcp_materialize']:.0%} |",
+            ]
     parts.append(END)
     return "\n".join(parts) + "\n"
 

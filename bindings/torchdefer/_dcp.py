@@ -20,25 +20,41 @@ into the destination when its part is contiguous and of the stored dtype, otherw
 staging buffer of at most 64 MB that is cast and copied. A chunk in any other form (a transform
 such as compression, a view saved with a larger storage, a layout this does not recognise) is
 read by FileSystemReader as before; the values are the same either way.
+
+Note [Faulting in the destination step by step in Python]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The destinations are fresh memory, whose first touch costs more than the copy (Note [Touching
+the destination just ahead of the read] in api/src/safetensors_file.cpp), so a run of at least
+2 MB read straight into one is read as the C++ reader reads it: 2 MB at a time, each step
+faulted in with ``madvise(MADV_POPULATE_WRITE)`` (through ctypes; Linux 5.14+; elsewhere, or
+where the kernel refuses it, the preadv faults the pages in as before) just before its preadv.
+A read that casts stages through one buffer that every item of a ``read_data`` shares, so that
+its pages are faulted in once rather than for every slab (Note [One staging buffer for a
+batch] in the same file).
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import io
 import itertools
 import math
 import os
 import pickle
 import struct
+import sys
 import warnings
 import zipfile
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.futures import Future
 
 _MAX_BUFFER_BYTES = 64 << 20
+_TOUCH_STEP = 2 << 20
+_MADV_POPULATE_WRITE = 23  # linux/mman.h, Linux 5.14+
+_PAGE = os.sysconf("SC_PAGESIZE") if hasattr(os, "sysconf") else 4096
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # a zip local file header, 30 bytes
 
 
@@ -145,12 +161,60 @@ def _locate(fd: int, offset: int, length: int) -> Optional[_Stored]:
     return _Stored(offset + data + rebuilt.storage_offset * itemsize, rebuilt.dtype, rebuilt.size)
 
 
+def _madvise() -> Optional[Callable[[int, int, int], int]]:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
+
+
+_MADVISE = _madvise()
+
+
+def _populate_for_write(address: int, nbytes: int) -> None:
+    """Faults in the whole pages of [address, address + nbytes) (Note [Faulting in the
+    destination step by step in Python]); a refusal leaves them to the read's own faults."""
+    first = (address + _PAGE - 1) // _PAGE * _PAGE
+    last = (address + nbytes) // _PAGE * _PAGE
+    if _MADVISE is not None and first < last:
+        _MADVISE(first, last - first, _MADV_POPULATE_WRITE)
+
+
 def _preadv_exact(fd: int, view: memoryview, offset: int) -> None:
     while len(view):
         got = os.preadv(fd, [view], offset)
         if got <= 0:
             raise OSError(f"the file ends at byte {offset}")
         view, offset = view[got:], offset + got
+
+
+def _preadv_fresh(fd: int, view: memoryview, offset: int, address: int) -> None:
+    """_preadv_exact into fresh memory at ``address``, faulted in a step at a time just ahead
+    of the read (Note [Faulting in the destination step by step in Python])."""
+    for done in range(0, len(view), _TOUCH_STEP):
+        step = view[done : done + _TOUCH_STEP]
+        _populate_for_write(address + done, len(step))
+        _preadv_exact(fd, step, offset + done)
+
+
+class _Staging:
+    """The staging buffer the items of one read_data share: grown to the largest slab asked
+    for (at most 64 MB unless one index is larger) and kept."""
+
+    def __init__(self) -> None:
+        self._buffer = torch.empty(0, dtype=torch.uint8)
+
+    def take(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if nbytes > self._buffer.numel():
+            self._buffer = torch.empty(0, dtype=torch.uint8)
+            self._buffer = torch.empty(nbytes, dtype=torch.uint8)
+        return self._buffer[:nbytes].view(dtype).view(shape)
 
 
 def _runs(strides: Sequence[int], offsets: Sequence[int], lengths: Sequence[int], inner: int) -> Any:
@@ -162,11 +226,14 @@ def _runs(strides: Sequence[int], offsets: Sequence[int], lengths: Sequence[int]
         yield base + sum(i * s for i, s in zip(index, strides)), count
 
 
-def _read_box(fd: int, stored: _Stored, offsets: Sequence[int], lengths: Sequence[int], dest: torch.Tensor) -> None:
+def _read_box(
+    fd: int, stored: _Stored, offsets: Sequence[int], lengths: Sequence[int], dest: torch.Tensor, staging: _Staging
+) -> None:
     """Reads the box [offsets, offsets + lengths) of a stored chunk into ``dest``, a slab of whole
     indices of its first dimension (at most 64 MB unless one index is larger) at a time, run by
     run: a run is the innermost dimension the box does not cover whole, with every dimension
-    inside it."""
+    inside it. Runs read straight into ``dest`` fault it in step by step; others stage through
+    ``staging``."""
     itemsize = torch.empty((), dtype=stored.dtype).element_size()
     if not stored.sizes:
         staged = torch.empty(1, dtype=stored.dtype)
@@ -182,13 +249,17 @@ def _read_box(fd: int, stored: _Stored, offsets: Sequence[int], lengths: Sequenc
     for first in range(0, lengths[0], rows):
         count = min(rows, lengths[0] - first)
         part = dest.narrow(0, first, count)
-        target = part if direct else torch.empty(part.shape, dtype=stored.dtype)
+        target = part if direct else staging.take(part.shape, stored.dtype)
         buffer = memoryview(target.reshape(-1).view(torch.uint8).numpy())
         position = 0
         slab = [offsets[0] + first, *offsets[1:]], [count, *lengths[1:]]
         for element, elements in _runs(strides, *slab, inner):
             size = elements * itemsize
-            _preadv_exact(fd, buffer[position : position + size], stored.offset + element * itemsize)
+            run = buffer[position : position + size]
+            if direct and size >= _TOUCH_STEP:
+                _preadv_fresh(fd, run, stored.offset + element * itemsize, target.data_ptr() + position)
+            else:
+                _preadv_exact(fd, run, stored.offset + element * itemsize)
             position += size
         if not direct:
             part.copy_(target)
@@ -202,6 +273,7 @@ def box_reader_class() -> Any:
     class BoxReader(FileSystemReader):
         def read_data(self, plan: LoadPlan, planner: Any) -> Future:
             rest = []
+            staging = _Staging()
             located: Dict[Any, Optional[_Stored]] = {}
             per_file: Dict[str, List[Any]] = {}
             for item in plan.items:
@@ -221,7 +293,7 @@ def box_reader_class() -> Any:
                             rest.append(item)
                             continue
                         dest = planner.resolve_tensor(item).detach()
-                        _read_box(fd, stored, item.storage_offsets, item.lengths, dest)
+                        _read_box(fd, stored, item.storage_offsets, item.lengths, dest, staging)
                         planner.commit_tensor(item, dest)
                 finally:
                     os.close(fd)

@@ -64,10 +64,16 @@ std::string scratch(const std::string& name) {
 }
 
 at::Tensor read_box(const detail::SafetensorsFile& file, const std::string& name, const Box& box,
-                    at::ScalarType dtype) {
+                    at::ScalarType dtype, detail::StagingBuffer& staging) {
   at::Tensor out = at::empty(box.sizes(), at::TensorOptions().dtype(dtype));
-  file.read(name, box, out);
+  file.read(name, box, out, staging);
   return out;
+}
+
+at::Tensor read_box(const detail::SafetensorsFile& file, const std::string& name, const Box& box,
+                    at::ScalarType dtype) {
+  detail::StagingBuffer staging;
+  return read_box(file, name, box, dtype, staging);
 }
 
 at::Tensor slice_of(const at::Tensor& t, const Box& box) {
@@ -106,6 +112,26 @@ TEST(SafetensorsFile, CastsThroughABoundedBufferWhenTheDtypeDiffers) {
                             big.slice(0, 5).to(at::kDouble)));
   EXPECT_TRUE(bitwise_equal(read_box(file, "small", Box{{0, 1}, {3, 3}}, at::kFloat),
                             small.slice(1, 1, 3).to(at::kFloat)));
+  std::remove(path.c_str());
+}
+
+TEST(SafetensorsFile, CastsReadsOfABatchThroughOneSharedBufferWhateverTheirSizes) {
+  const std::string path = scratch("shared_staging.safetensors");
+  const at::Tensor small = torch::randn({7, 5});
+  const at::Tensor big = torch::randn({300, 301});
+  const at::Tensor odd = torch::randn({11}).to(at::kBFloat16);
+  write_safetensors(path, {{"small", small}, {"big", big}, {"odd", odd}});
+  const detail::SafetensorsFile file(path);
+  // Small, then larger (the buffer grows), then smaller again (only its front is used).
+  detail::StagingBuffer staging;
+  EXPECT_TRUE(bitwise_equal(read_box(file, "small", Box{{0, 0}, {7, 5}}, at::kDouble, staging),
+                            small.to(at::kDouble)));
+  EXPECT_TRUE(bitwise_equal(read_box(file, "big", Box{{0, 1}, {300, 300}}, at::kDouble, staging),
+                            big.slice(1, 1, 300).to(at::kDouble)));
+  EXPECT_TRUE(bitwise_equal(read_box(file, "odd", Box{{2}, {9}}, at::kFloat, staging),
+                            odd.slice(0, 2, 9).to(at::kFloat)));
+  EXPECT_TRUE(bitwise_equal(read_box(file, "small", Box{{3, 0}, {5, 5}}, at::kBFloat16, staging),
+                            small.slice(0, 3, 5).to(at::kBFloat16)));
   std::remove(path.c_str());
 }
 

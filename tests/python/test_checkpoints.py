@@ -183,6 +183,35 @@ def test_dcp_reads_only_the_boxes_bytes_in_one_load(tmp_path, monkeypatch):
             assert bitwise_equal(t, stored[name][box].to(t.dtype)), (name, shard)
 
 
+class _Large(torch.nn.Module):
+    """Runs of more than 2 MB (read straight into the destination a step at a time) and two
+    tensors of different sizes that cast (read through one shared staging buffer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.long = torch.nn.Parameter(torch.randn(3 * (1 << 19) + 5))  # 6 MB of float32
+        self.wide = torch.nn.Parameter(torch.randn(3, (1 << 19) + 7))  # rows of 2 MB + 28 bytes
+        self.low = torch.nn.Parameter(torch.randn(5, 1 << 18).to(torch.bfloat16))
+        self.lower = torch.nn.Parameter(torch.randn(7, 3).to(torch.bfloat16))
+
+
+def test_dcp_reads_large_runs_straight_and_casts_through_one_buffer(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(6)
+    stored = {k: v.detach().clone() for k, v in _Large().state_dict().items()}
+    stored["low"], stored["lower"] = stored["low"].float(), stored["lower"].double()
+    dcp.save(stored, checkpoint_id=str(tmp_path / "dcp"))
+    for shard in [None, torchdefer.Shard(1, 3), torchdefer.Shard(0, 2, dim=1)]:
+        torch.manual_seed(0)
+        model = torchdefer.deferred_init(_Large)
+        torchdefer.materialize_module(model, shard=shard, checkpoint=tmp_path / "dcp")
+        for name, t in tensors(model).items():
+            info = torchdefer.shard_info(t)
+            box = tuple(slice(a, b) for a, b in zip(*info["box"])) if info else ()
+            assert bitwise_equal(t, stored[name][box].to(t.dtype)), (name, shard)
+
+
 class _WithRealTensors(torch.nn.Module):
     """A fake weight, a parameter and a buffer construction makes real (from Python numbers), a
     fake buffer computed from the real parameter, and a fake buffer after them."""
