@@ -43,8 +43,8 @@ Torch's C++ layer skips that call for a device type it considers initialized
 mode marks CUDA initialized while it is active (from its ``__enter__`` to its ``__exit__``; a
 count kept under a lock, so that nested and concurrent modes clear it once and the last one out
 sets it again), instead of replacing ``torch.cuda._lazy_init``. It once did so around each call it
-forwarded, which cost two calls into the extension per torch call (about 5% of a Hugging Face
-Llama-70B ``deferred_init``), for a window that covered most of the recording anyway. Another
+forwarded: two calls into the extension per torch call (10,364 for a Hugging Face Llama-70B
+``deferred_init``), for a window that covered most of the recording anyway. Another
 thread that asks for a real CUDA tensor during that window, on a machine without CUDA, gets the
 dispatcher's error ("Could not run ... with arguments from the 'CUDA' backend") instead of
 torch's "Torch not compiled with CUDA enabled"; its call fails either way. Where CUDA is
