@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 # makes them about ten times slower than the same shape with transformers' normal_ init.
 DEFAULT_RUN = "cpp-*,hf-*=llama-125m"
 SUMMARIZED = ["wall_s", "construct_s", "materialize_s", "peak_rss_bytes", "baseline_rss_bytes", "peak_cuda_bytes",
-              "construct_rss_bytes", "meta_construct_s", "meta_rss_bytes"]
+              "construct_rss_bytes", "meta_construct_s", "meta_rss_bytes", "meta_init_construct_s"]
 
 
 class RunFailed(RuntimeError):
@@ -137,7 +137,8 @@ def spread(values: List[Optional[float]]) -> Optional[Dict[str, float]]:
 
 
 def summarize(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
-    return {key: spread([r[key] for r in runs]) for key in SUMMARIZED}
+    # .get: the C++ runner and results files of earlier harnesses lack the newer fields.
+    return {key: spread([r.get(key) for r in runs]) for key in SUMMARIZED}
 
 
 def measure(cells, args: argparse.Namespace) -> List[Dict[str, Any]]:

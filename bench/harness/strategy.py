@@ -76,6 +76,19 @@ def measure_meta(build: Callable[[], torch.nn.Module]) -> Dict[str, Any]:
     return dict(meta_construct_s=seconds, meta_rss_bytes=growth)
 
 
+def measure_meta_with_init(build: Callable[[], torch.nn.Module]) -> Dict[str, Any]:
+    """Constructs a transformers model on the meta device and then runs the initialization that
+    meta construction skips (Note [What meta construction skips in transformers])."""
+    gc.collect()
+    start = time.perf_counter()
+    with torch.device("meta"):
+        module = build()
+        module.initialize_weights()
+    seconds = time.perf_counter() - start
+    del module
+    return dict(meta_init_construct_s=seconds)
+
+
 class Phases:
     """Wall time of the construction phase and of what turns the result into real weights."""
 
@@ -157,6 +170,17 @@ def run(strategy: str, config: models.LlamaConfig, rank: int, world: int, device
     """Builds `config` with `strategy` and measures it (Note [Warm-up run])."""
     build = builder(strategy, config)
     meta = measure_meta(build)
+    # Note [What meta construction skips in transformers]
+    # transformers' PreTrainedModel.init_weights (modeling_utils.py, run by post_init at the end
+    # of every model's __init__) calls initialize_weights() only when
+    # get_torch_context_manager_or_global_device() is not the meta device: on the meta device the
+    # walk of every module through _init_weights and its torch.nn.init calls is skipped, while
+    # eager construction, and so deferred_init, which records eager's, run it. The HF deferred
+    # strategies also measure meta construction followed by that walk (on meta tensors, so its
+    # fills run torch's meta kernels), as a second reference next to the issue's.
+    meta["meta_init_construct_s"] = None
+    if strategy.startswith("hf-deferred"):
+        meta.update(measure_meta_with_init(build))
     phases = Phases()
     deferred = strategy.endswith(("deferred-full", "deferred-shard", "deferred-record"))
     if deferred:

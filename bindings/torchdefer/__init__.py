@@ -46,7 +46,7 @@ if torch.__version__.split("+")[0] != _BUILT_FOR_TORCH:
 
 from torchdefer import _C  # noqa: E402  (after the check: a mismatched _C may not even load)
 from torchdefer._C import Shard
-from torchdefer import _after_return, _checkpoint, _dtensor, _guard, _recording
+from torchdefer import _after_return, _checkpoint, _dtensor, _guard, _recording, _returned
 from torchdefer._context import deferred
 
 __all__ = [
@@ -162,9 +162,8 @@ def deferred_init(
     name = getattr(module_cls_or_callable, "__qualname__", repr(module_cls_or_callable))
     with _recording.mode(), _C._RecordingScope(name, exact_generator):
         result = module_cls_or_callable(*args, **kwargs)
-    _guard.guard(result)  # a forward before materializing fails at once (Note [Forgetting to materialize])
-    _dtensor.remember(result)  # for DTensors that replace its fakes (Note [DTensor parameters of a deferred model])
-    _after_return.hand_out(result)  # torch.nn.init on its fakes (Note [Handed-out fakes after deferred_init])
+    # Guarded, remembered for DTensors, handed out: Note [One walk over a returned module].
+    _returned.settle(result)
     return result
 
 

@@ -96,7 +96,7 @@ def _torch_function(cls, func, types, args=(), kwargs=None):
         if args and type(args[0]) in _BUILT and not _C.is_fake(args[0]):
             _restore(args[0])  # made real in place: `p.data = real`, `p.set_(real)`
         elif _is_getter_of(func, _DATA):
-            _hand_out_tensor(result)
+            hand_out_tensor(result)
         elif func is _TensorBase.detach and _called_by_parameter_new(sys._getframe(1)):
             result.__class__ = type(args[0])  # Parameter.__new__ requires detach() to keep it
         return result
@@ -151,7 +151,7 @@ def hand_out(result: Any) -> None:
     while pending:
         value = pending.pop()
         if isinstance(value, torch.Tensor):
-            _hand_out_tensor(value)
+            hand_out_tensor(value)
         elif isinstance(value, torch.nn.Module):
             _hand_out_module(value)
         elif isinstance(value, (list, tuple, dict)) and id(value) not in seen:
@@ -171,14 +171,15 @@ def _hand_out_module(root: torch.nn.Module) -> None:
         seen.add(id(module))
         for tensor in module._parameters.values():
             if tensor is not None:
-                _hand_out_tensor(tensor)
+                hand_out_tensor(tensor)
         for tensor in module._buffers.values():
             if tensor is not None:
-                _hand_out_tensor(tensor)
+                hand_out_tensor(tensor)
         pending.extend(child for child in module._modules.values() if child is not None)
 
 
-def _hand_out_tensor(tensor: torch.Tensor) -> None:
+def hand_out_tensor(tensor: torch.Tensor) -> None:
+    """Gives ``tensor`` its handed-out class if it is a recorded fake of a class that has one."""
     handed_out = _HANDED_OUT.get(type(tensor))
     if handed_out is not None and _C.can_materialize(tensor):
         tensor.__class__ = handed_out

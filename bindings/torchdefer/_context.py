@@ -50,7 +50,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch.nn.modules import module as _nn_module
 
-from torchdefer import _C, _after_return, _dtensor, _guard, _recording
+from torchdefer import _C, _recording, _returned
 
 # The deferred() blocks open on this thread, innermost last.
 _open_blocks = threading.local()
@@ -198,9 +198,7 @@ class deferred:
         self._built, self._children = {}, {}
         # What deferred_init does with its result, for each module the block built.
         for module in self.modules:
-            _guard.guard(module)
-            _dtensor.remember(module)
-        _after_return.hand_out(self.modules)
+            _returned.settle(module)
 
     def _check_exit_is_in_order(self) -> None:
         if threading.get_ident() != self._thread:

@@ -70,9 +70,15 @@ def remember(result: Any) -> None:
             pending.extend(value.values())
         elif isinstance(value, torch.nn.Module):
             for module in _module_tree.modules(value):
-                fakes = _own_fakes(module)
-                if fakes:
-                    _remembered[module] = fakes
+                remember_own(module)
+
+
+def remember_own(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """Remembers the fakes ``module`` itself holds as parameters and buffers; returns them."""
+    fakes = _own_fakes(module)
+    if fakes:
+        _remembered[module] = fakes
+    return fakes
 
 
 def forget_materialized(module: torch.nn.Module) -> None:

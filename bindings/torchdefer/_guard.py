@@ -44,10 +44,14 @@ _INTERNALS = frozenset({"_parameters", "_buffers", "_modules"})
 
 def guard(result: Any) -> None:
     """Guards ``result`` and every module in it, if it is a module (deferred_init's return value)."""
+    if isinstance(result, torch.nn.Module):
+        guard_named(_module_tree.named_modules(result))
+
+
+def guard_named(named: List[Tuple[str, torch.nn.Module]]) -> None:
+    """Guards the modules of a tree walked by ``_module_tree.named_modules``, under those names."""
     global _handle
-    if not isinstance(result, torch.nn.Module):
-        return
-    for name, module in _module_tree.named_modules(result):
+    for name, module in named:
         _guarded.setdefault(module, name)
     if _handle is None:
         _handle = torch.nn.modules.module.register_module_forward_pre_hook(_check_before_forward)

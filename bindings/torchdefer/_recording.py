@@ -40,12 +40,15 @@ Torch's Python factories also call ``torch.cuda._lazy_init()`` for a CUDA device
 dispatcher sees the call, which fails where CUDA is unavailable, although a fake needs no CUDA.
 Torch's C++ layer skips that call for a device type it considers initialized
 (``torch::utils::set_requires_device_init``, a process-wide flag). Where CUDA is unavailable, the
-mode sets that flag for the duration of each call it forwards from its own thread and clears it
-afterwards, instead of replacing ``torch.cuda._lazy_init``. Another thread that asks for a real
-CUDA tensor during that window, on a machine without CUDA, gets the dispatcher's error ("Could
-not run ... with arguments from the 'CUDA' backend") instead of torch's "Torch not compiled with
-CUDA enabled"; its call fails either way. Where CUDA is available nothing is changed, and CUDA
-initializes as usual.
+mode marks CUDA initialized while it is active (from its ``__enter__`` to its ``__exit__``; a
+count kept under a lock, so that nested and concurrent modes clear it once and the last one out
+sets it again), instead of replacing ``torch.cuda._lazy_init``. It once did so around each call it
+forwarded: two calls into the extension per torch call (10,364 for a Hugging Face Llama-70B
+``deferred_init``), for a window that covered most of the recording anyway. Another
+thread that asks for a real CUDA tensor during that window, on a machine without CUDA, gets the
+dispatcher's error ("Could not run ... with arguments from the 'CUDA' backend") instead of
+torch's "Torch not compiled with CUDA enabled"; its call fails either way. Where CUDA is
+available nothing is changed, and CUDA initializes as usual.
 
 Outside the mode (after ``deferred_init`` returned, after ``fake_mode`` exited) torch's own
 methods run on fakes: ``repr`` of a fake raises torch's value read error, which says how to
@@ -58,6 +61,7 @@ class of their own (Note [Handed-out fakes after deferred_init] in ``_after_retu
 from __future__ import annotations
 
 import sys
+import threading
 import types
 import warnings
 from typing import Any, Callable, Dict
@@ -228,6 +232,30 @@ def _caller_outside_modes(frame: types.FrameType) -> types.FrameType:
     return frame
 
 
+class _CudaMarkedInitialized:
+    """The modes that need CUDA marked initialized (Note [What recording changes, and where]):
+    the flag is cleared when the first one enters and set again when the last one exits."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active = 0
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._active == 0:
+                _C._set_requires_cuda_init(False)
+            self._active += 1
+
+    def exit(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._active == 0:
+                _C._set_requires_cuda_init(True)
+
+
+_cuda_marked_initialized = _CudaMarkedInitialized()
+
+
 class FakeTensorFunctions(TorchFunctionMode):
     """The torch-function mode of deferred_init and fake_mode (Note [What recording changes, and
     where]). ``skip_cuda_init`` is whether CUDA is unavailable, so that torch's factories must not
@@ -237,8 +265,29 @@ class FakeTensorFunctions(TorchFunctionMode):
         super().__init__()
         self._skip_cuda_init = skip_cuda_init
 
+    def __enter__(self):
+        if self._skip_cuda_init:
+            _cuda_marked_initialized.enter()
+        try:
+            return super().__enter__()
+        except BaseException:
+            if self._skip_cuda_init:
+                _cuda_marked_initialized.exit()
+            raise
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        try:
+            return super().__exit__(exc_type, exc_value, traceback)
+        finally:
+            if self._skip_cuda_init:
+                _cuda_marked_initialized.exit()
+
+    # Every call into torch's Python API on this thread passes here while recording, so the
+    # common case (no handler, not a descriptor) is kept to one dictionary lookup and one test.
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        handler = _HANDLERS.get(func)
+        if handler is not None:
+            return handler(func, args, kwargs or {})
         if type(func) is _METHOD_WRAPPER:
             descriptor = func.__self__
             if descriptor is _IS_META:
@@ -246,14 +295,7 @@ class FakeTensorFunctions(TorchFunctionMode):
                     return True
             elif descriptor is _DATA and func.__name__ == "__set__":
                 _data_setter(args)
-        handler = _HANDLERS.get(func)
-        if not self._skip_cuda_init:
-            return func(*args, **kwargs) if handler is None else handler(func, args, kwargs)
-        _C._set_requires_cuda_init(False)
-        try:
-            return func(*args, **kwargs) if handler is None else handler(func, args, kwargs)
-        finally:
-            _C._set_requires_cuda_init(True)
+        return func(*args, **kwargs) if kwargs else func(*args)
 
 
 _METHOD_WRAPPER = type(_IS_META.__get__)
