@@ -1,0 +1,121 @@
+"""Failures the real-library suite (tests/reallibs/) found, each reproduced with plain torch code
+so that it runs without that suite's venv."""
+
+import copy
+
+import pytest
+import torch
+import torchdefer
+
+
+def _state(module):
+    out = dict(module.named_parameters(remove_duplicate=False))
+    out.update(module.named_buffers(remove_duplicate=False))
+    return out
+
+
+def _assert_bitwise_like_eager(build):
+    torch.manual_seed(0)
+    eager = build()
+    eager_rng = torch.get_rng_state()
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(build)
+    torchdefer.materialize_module(deferred)
+    assert torch.equal(torch.get_rng_state(), eager_rng)
+    eager_state, deferred_state = _state(eager), _state(deferred)
+    assert eager_state.keys() == deferred_state.keys()
+    for name, value in eager_state.items():
+        assert not torchdefer.is_fake(deferred_state[name]), name
+        assert torch.equal(value, deferred_state[name]), name
+    return eager, deferred
+
+
+class _CopiesItsNorm(torch.nn.Module):
+    """PyTorch Geometric's BasicGNN (GCN with norm="batch_norm"): one BatchNorm is built, its
+    buffers written, and deep-copied for every layer while the model is being built."""
+
+    def __init__(self):
+        super().__init__()
+        norm = torch.nn.BatchNorm1d(6)
+        norm.running_mean.normal_()  # a recorded value, so that the copy carries it
+        self.norms = torch.nn.ModuleList(copy.deepcopy(norm) for _ in range(3))
+        self.lin = torch.nn.Linear(4, 6)
+
+
+def test_deepcopy_of_a_module_with_fake_buffers_equals_eager():
+    eager, deferred = _assert_bitwise_like_eager(_CopiesItsNorm)
+    assert deferred.norms[0].running_mean.data_ptr() != deferred.norms[1].running_mean.data_ptr()
+
+
+class _CopiesAliases(torch.nn.Module):
+    """A deepcopy of buffers that share one storage (a view and a detached alias) keeps them
+    sharing the copy's storage, as eager does; the original is not written by the copy's writes."""
+
+    def __init__(self):
+        super().__init__()
+        table = torch.randn(4, 6)
+        holder = torch.nn.Module()
+        holder.register_buffer("table", table)
+        holder.register_buffer("row", table[1])
+        holder.register_buffer("alias", table.detach())
+        self.first = holder
+        self.second = copy.deepcopy(holder)
+        self.second.row.fill_(7.0)
+
+
+def test_deepcopy_keeps_storage_sharing_as_eager():
+    eager, deferred = _assert_bitwise_like_eager(_CopiesAliases)
+    for module in (eager, deferred):
+        second = module.second
+        assert second.row.data_ptr() == second.table.data_ptr() + 6 * 4
+        assert second.alias.data_ptr() == second.table.data_ptr()
+        assert second.table.data_ptr() != module.first.table.data_ptr()
+        assert bool((second.alias[1] == 7.0).all())
+        assert not bool((module.first.table[1] == 7.0).all())
+
+
+def test_deepcopied_buffers_shard_like_the_full_counter_model():
+    torch.manual_seed(0)
+    full = torchdefer.deferred_init(_CopiesItsNorm)
+    torchdefer.materialize_module(full, rng="counter")
+    for rank in range(2):
+        torch.manual_seed(0)
+        local = torchdefer.deferred_init(_CopiesItsNorm)
+        torchdefer.materialize_module(local, shard=torchdefer.Shard(rank, 2))
+        for name, value in _state(local).items():
+            info = torchdefer.shard_info(value)
+            expected = _state(full)[name]
+            if info is not None:
+                starts, stops = info["box"]
+                expected = expected[tuple(slice(a, b) for a, b in zip(starts, stops))]
+            assert torch.equal(value, expected), name
+
+
+class _CopiesTwoDtypes(torch.nn.Module):
+    """A storage seen as float32 and as int32 stays one storage in the copy, as in eager."""
+
+    def __init__(self):
+        super().__init__()
+        holder = torch.nn.Module()
+        holder.register_buffer("table", torch.randn(2, 4).t())
+        holder.register_buffer("bits", holder.table.view(torch.int32))
+        self.first = holder
+        self.second = copy.deepcopy(holder)
+        self.second.bits[0, 1] = 0
+
+
+def test_deepcopy_of_one_storage_seen_with_two_dtypes_equals_eager():
+    eager, deferred = _assert_bitwise_like_eager(_CopiesTwoDtypes)
+    assert deferred.second.table.stride() == eager.second.table.stride() == (1, 4)
+    assert deferred.second.bits.data_ptr() == deferred.second.table.data_ptr()
+    assert float(deferred.second.table[0, 1]) == 0.0
+
+
+def test_deepcopy_of_a_conjugate_fake_is_refused_while_recording():
+    def build():
+        holder = torch.nn.Module()
+        holder.register_buffer("phases", torch.randn(4, dtype=torch.complex64).conj())
+        return copy.deepcopy(holder)
+
+    with pytest.raises(RuntimeError, match=r"deepcopy of fake ComplexFloat\[4\].*conjugate"):
+        torchdefer.deferred_init(build)
