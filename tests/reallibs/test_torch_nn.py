@@ -1,0 +1,65 @@
+"""torch's own layers with every construction option that changes how they initialize:
+nn.Transformer (encoder, decoder, norm-first, no bias), MultiheadAttention (separate key and
+value sizes, bias_k/v, bfloat16), the recurrent layers (projections, bidirectional, cells) and
+the convolution, normalization and embedding layers; the parametrizations (weight norm,
+spectral norm with its power iterations, orthogonal maps), the old-style weight and spectral
+norm hooks, and pruning masks."""
+
+import pytest
+import torch
+from harness import check_shards, check_torch_mode
+from torch import nn
+from torch.nn.utils import parametrizations, prune
+
+def _pruned():
+    linear = nn.Linear(8, 8)
+    prune.l1_unstructured(linear, "weight", amount=0.3)
+    prune.random_unstructured(linear, "bias", amount=0.5)
+    return linear
+
+
+CASES = {
+    "torch/transformer": lambda: nn.Transformer(d_model=32, nhead=4, num_encoder_layers=2,
+                                                num_decoder_layers=2, dim_feedforward=64),
+    "torch/encoder-norm-first-no-bias": lambda: nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, norm_first=True, bias=False), 2,
+        enable_nested_tensor=False),
+    "torch/mha-kdim-vdim-bias-kv": lambda: nn.MultiheadAttention(
+        32, 4, kdim=16, vdim=24, add_bias_kv=True, add_zero_attn=True),
+    "torch/mha-bf16": lambda: nn.MultiheadAttention(32, 4, dtype=torch.bfloat16),
+    "torch/lstm-proj-bidirectional": lambda: nn.LSTM(16, 32, num_layers=2, bidirectional=True,
+                                                     proj_size=8, batch_first=True),
+    "torch/gru-bidirectional": lambda: nn.GRU(16, 32, num_layers=3, bidirectional=True,
+                                              dropout=0.1),
+    "torch/rnn-relu-no-bias": lambda: nn.RNN(16, 32, num_layers=2, nonlinearity="relu",
+                                             bias=False),
+    "torch/cells": lambda: nn.ModuleList([nn.LSTMCell(8, 16), nn.GRUCell(8, 16),
+                                          nn.RNNCell(8, 16, nonlinearity="relu")]),
+    "torch/conv-norm-embedding": lambda: nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ConvTranspose2d(8, 4, 3, groups=2),
+        nn.GroupNorm(2, 4), nn.Conv1d(4, 4, 3, padding_mode="circular", padding=1),
+        nn.InstanceNorm1d(4, affine=True), nn.PReLU(4), nn.Bilinear(4, 5, 6),
+        nn.EmbeddingBag(10, 4), nn.Embedding(10, 4, padding_idx=2)),
+    "torch/weight-norm": lambda: nn.Sequential(
+        parametrizations.weight_norm(nn.Conv1d(4, 8, 3)),
+        parametrizations.weight_norm(nn.ConvTranspose1d(8, 4, 4, stride=2), dim=1),
+        nn.utils.weight_norm(nn.Conv1d(4, 8, 3))),
+    "torch/spectral-norm": lambda: nn.ModuleList([
+        parametrizations.spectral_norm(nn.Linear(8, 6), n_power_iterations=3),
+        nn.utils.spectral_norm(nn.Linear(8, 6), n_power_iterations=2)]),
+    "torch/orthogonal": lambda: nn.ModuleList([
+        parametrizations.orthogonal(nn.Linear(6, 6)),
+        parametrizations.orthogonal(nn.Linear(4, 6), orthogonal_map="cayley"),
+        parametrizations.orthogonal(nn.Linear(6, 4), orthogonal_map="householder")]),
+    "torch/prune": _pruned,
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_torch_mode_equals_eager(case):
+    check_torch_mode(CASES[case])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_shards_concatenate_to_the_full_counter_model(case):
+    check_shards(CASES[case])
