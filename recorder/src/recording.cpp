@@ -123,8 +123,8 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
   if (info == nullptr || info->values == ValueRule::kFromTags) {
     facts.may_read_values = value_reading_api(op, {}).has_value();
   }
-  for (const c10::Argument& argument : schema.arguments()) {
-    facts.written.push_back(is_written(argument));
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    facts.written.push_back(writes_argument(schema, i));
     facts.writes = facts.writes || facts.written.back();
   }
   return facts;

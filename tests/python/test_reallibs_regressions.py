@@ -119,3 +119,43 @@ def test_deepcopy_of_a_conjugate_fake_is_refused_while_recording():
 
     with pytest.raises(RuntimeError, match=r"deepcopy of fake ComplexFloat\[4\].*conjugate"):
         torchdefer.deferred_init(build)
+
+
+class _BatchNormForwardWhileBuilding(torch.nn.Module):
+    """Lazy modules (torch's LazyBatchNorm, PyTorch Geometric's and MONAI's lazy layers) run a
+    forward during construction to learn their shapes: in train mode, native_batch_norm updates
+    the running statistics in place although its schema marks no write."""
+
+    def __init__(self):
+        super().__init__()
+        self.lazy = torch.nn.Sequential(torch.nn.LazyConv2d(4, 3), torch.nn.LazyBatchNorm2d())
+        self.lazy(torch.randn(2, 3, 6, 6))
+        self.norm = torch.nn.BatchNorm1d(5, momentum=None)  # cumulative average
+        self.norm(torch.randn(7, 5))
+        self.norm(torch.randn(7, 5))
+        self.instance = torch.nn.InstanceNorm1d(5, track_running_stats=True, affine=True)
+        self.instance(torch.randn(3, 5, 4))
+        self.frozen = torch.nn.BatchNorm1d(5).eval()
+        self.frozen(torch.randn(7, 5))
+
+
+def test_running_statistics_updated_while_building_equal_eager():
+    eager, deferred = _assert_bitwise_like_eager(_BatchNormForwardWhileBuilding)
+    assert not torch.equal(eager.norm.running_mean, torch.zeros(5))  # the update happened
+
+
+def test_running_statistics_updated_while_building_shard_like_the_full_counter_model():
+    torch.manual_seed(0)
+    full = torchdefer.deferred_init(_BatchNormForwardWhileBuilding)
+    torchdefer.materialize_module(full, rng="counter")
+    for rank in range(3):
+        torch.manual_seed(0)
+        local = torchdefer.deferred_init(_BatchNormForwardWhileBuilding)
+        torchdefer.materialize_module(local, shard=torchdefer.Shard(rank, 3))
+        for name, value in _state(local).items():
+            info = torchdefer.shard_info(value)
+            expected = _state(full)[name]
+            if info is not None:
+                starts, stops = info["box"]
+                expected = expected[tuple(slice(a, b) for a, b in zip(starts, stops))]
+            assert torch.equal(value, expected), name
