@@ -6,8 +6,8 @@ recorded values), with multi-task, mixed categorical and multi-fidelity kernels.
 import gpytorch
 import pytest
 import torch
-from botorch.models import (MixedSingleTaskGP, ModelListGP, MultiTaskGP, SingleTaskGP,
-                            SingleTaskMultiFidelityGP)
+from botorch.models import (KroneckerMultiTaskGP, MixedSingleTaskGP, ModelListGP, MultiTaskGP,
+                            SingleTaskGP, SingleTaskMultiFidelityGP, SingleTaskVariationalGP)
 from botorch.models.transforms import Normalize, Standardize
 from gpytorch.kernels import MaternKernel, ScaleKernel, SpectralMixtureKernel
 from gpytorch.priors import GammaPrior
@@ -60,12 +60,19 @@ def _mixed_and_fidelity():
     return ModelListGP(MixedSingleTaskGP(x, y, cat_dims=[2]), fidelity)
 
 
+def _kronecker_and_variational():
+    x, y = torch.rand(8, 2, dtype=f64), torch.randn(8, 3, dtype=f64)
+    return torch.nn.ModuleList([KroneckerMultiTaskGP(x, y),
+                                SingleTaskVariationalGP(x, y[:, :1], inducing_points=4)])
+
+
 CASES = {
     "gpytorch/exact-gp-priors": _ExactGP,
     "gpytorch/variational-gp": _VariationalGP,
     "botorch/single-task-transforms": _single_task,
     "botorch/multi-task": _multi_task,
     "botorch/mixed-multi-fidelity": _mixed_and_fidelity,
+    "botorch/kronecker-variational": _kronecker_and_variational,
 }
 
 

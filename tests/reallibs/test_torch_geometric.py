@@ -1,12 +1,31 @@
 """PyTorch Geometric: its GNN models (GCN, GAT, GraphSAGE, GIN, PNA, SchNet, Graph U-Net,
 AttentiveFP) and a zoo of its message-passing layers (glorot and zeros inits, per-relation bases,
-edge features, learnable temperatures); BasicGNN deep-copies its normalization layer per layer."""
+edge features, learnable temperatures); BasicGNN deep-copies its normalization layer per layer;
+lazy layers (in_channels=-1) learn their shapes from a forward while the model is built, and
+to_hetero rewrites a model per node and edge type with torch.fx."""
 
 import pytest
 import torch
 import torch_geometric.nn as gnn
 from harness import check_shards, check_torch_mode
-from torch_geometric.nn import models
+from torch_geometric.nn import models, to_hetero
+
+def _lazy_with_forward():
+    convs = torch.nn.ModuleList([gnn.GCNConv(-1, 16), gnn.SAGEConv((-1, -1), 8),
+                                 gnn.GATConv(-1, 4, heads=2)])
+    models_ = models.GCN(-1, 16, num_layers=2, norm="batch_norm")
+    x, edges = torch.randn(5, 7), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]])
+    for conv in convs:
+        conv(x, edges)
+    models_(x, edges)  # train mode: the batch norms update their running statistics
+    return torch.nn.ModuleList([convs, models_])
+
+
+def _hetero():
+    metadata = (["paper", "author"], [("paper", "cites", "paper"), ("author", "writes", "paper"),
+                                      ("paper", "rev_writes", "author")])
+    return to_hetero(models.GraphSAGE(16, 32, 2, out_channels=8, norm="batch_norm"), metadata)
+
 
 CASES = {
     "torch-geometric/gcn-batchnorm-jk": lambda: models.GCN(16, 32, num_layers=3, out_channels=8,
@@ -31,6 +50,8 @@ CASES = {
     "torch-geometric/mlp-lightgcn-set2set": lambda: torch.nn.ModuleList([
         models.MLP([16, 32, 8], norm="batch_norm"), models.LightGCN(100, 16, 2),
         gnn.Set2Set(16, 2)]),
+    "torch-geometric/lazy-with-forward": _lazy_with_forward,
+    "torch-geometric/to-hetero": _hetero,
 }
 
 

@@ -11,6 +11,14 @@ from harness import check_shards, check_torch_mode
 from torch import nn
 from torch.nn.utils import parametrizations, prune
 
+def _lazy_with_forward():
+    model = nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.Flatten(),
+                          nn.LazyLinear(6), nn.Unflatten(1, (2, 3)),
+                          nn.LazyInstanceNorm1d(track_running_stats=True))
+    model(torch.randn(2, 3, 8, 8))  # train mode: the running statistics move
+    return model
+
+
 def _pruned():
     linear = nn.Linear(8, 8)
     prune.l1_unstructured(linear, "weight", amount=0.3)
@@ -52,6 +60,7 @@ CASES = {
         parametrizations.orthogonal(nn.Linear(4, 6), orthogonal_map="cayley"),
         parametrizations.orthogonal(nn.Linear(6, 4), orthogonal_map="householder")]),
     "torch/prune": _pruned,
+    "torch/lazy-with-forward": _lazy_with_forward,
 }
 
 
