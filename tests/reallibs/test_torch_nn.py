@@ -3,12 +3,16 @@ nn.Transformer (encoder, decoder, norm-first, no bias), MultiheadAttention (sepa
 value sizes, bias_k/v, bfloat16), the recurrent layers (projections, bidirectional, cells) and
 the convolution, normalization and embedding layers; the parametrizations (weight norm,
 spectral norm with its power iterations, orthogonal maps), the old-style weight and spectral
-norm hooks, and pruning masks."""
+norm hooks, and pruning masks; lazy layers shaped by a forward; quantization-aware training
+prepared and run once (fused conv + batch norm, fake-quantize observers) and an EMA copy
+(AveragedModel deep-copies the model) updated once, both while building."""
 
 import pytest
 import torch
 from harness import check_shards, check_torch_mode
+import torch.ao.quantization as quantization
 from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.nn.utils import parametrizations, prune
 
 def _lazy_with_forward():
@@ -17,6 +21,34 @@ def _lazy_with_forward():
                           nn.LazyInstanceNorm1d(track_running_stats=True))
     model(torch.randn(2, 3, 8, 8))  # train mode: the running statistics move
     return model
+
+
+class _Quantizable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.quant, self.dequant = quantization.QuantStub(), quantization.DeQuantStub()
+        self.conv, self.bn, self.relu = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()
+        self.fc = nn.Linear(4 * 6 * 6, 5)
+
+    def forward(self, x):
+        x = self.relu(self.bn(self.conv(self.quant(x))))
+        return self.dequant(self.fc(x.flatten(1)))
+
+
+def _qat_prepared_and_run():
+    model = _Quantizable().train()
+    model.qconfig = quantization.get_default_qat_qconfig("fbgemm")
+    model = quantization.prepare_qat(quantization.fuse_modules_qat(model, [["conv", "bn", "relu"]]))
+    model(torch.randn(2, 3, 8, 8))  # observers and the fused batch norm update their buffers
+    return model
+
+
+def _ema_updated():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    average = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    model(torch.randn(5, 4))
+    average.update_parameters(model)
+    return nn.ModuleList([model, average])
 
 
 def _pruned():
@@ -61,6 +93,8 @@ CASES = {
         parametrizations.orthogonal(nn.Linear(6, 4), orthogonal_map="householder")]),
     "torch/prune": _pruned,
     "torch/lazy-with-forward": _lazy_with_forward,
+    "torch/qat-prepared-and-run": _qat_prepared_and_run,
+    "torch/ema-averaged-model": _ema_updated,
 }
 
 
