@@ -1,5 +1,6 @@
 """flash-linear-attention (fla): its Hugging Face-style causal LMs of linear-attention and
-state-space layers (GLA, DeltaNet, Gated DeltaNet, RetNet, HGRN2, Mamba2), built on the CPU from
+state-space layers (GLA, DeltaNet, Gated DeltaNet, RetNet, HGRN2, Mamba2, RWKV6, RWKV7 with its
+orthogonal and layer-dependent inits), built on the CPU from
 small configs (their Triton kernels run only in the forward, never at construction)."""
 
 import warnings
@@ -27,6 +28,8 @@ CASES = {
     "fla/retnet": _lm("RetNet", num_heads=2),
     "fla/hgrn2": _lm("HGRN2", num_heads=2, expand_ratio=32),
     "fla/mamba2": _lm("Mamba2", num_heads=4, head_dim=32, state_size=16, n_groups=1),
+    "fla/rwkv6": _lm("RWKV6", num_heads=2),
+    "fla/rwkv7": _lm("RWKV7", head_dim=32),
 }
 
 
