@@ -67,7 +67,7 @@ from typing import Any, Callable, Dict
 import torch
 from torch.overrides import TorchFunctionMode
 
-from torchdefer import _C, _deepcopy
+from torchdefer import _C, _bit_views, _deepcopy
 
 _TensorBase = torch._C.TensorBase
 _IS_META = _TensorBase.__dict__["is_meta"]
@@ -180,6 +180,8 @@ _HANDLERS: Dict[Any, Callable[[Callable, tuple, Dict[str, Any]], Any]] = {
     _TensorBase.new_tensor: _new_tensor,
     _TensorBase.new: _new,
     torch.Tensor.__deepcopy__: _deepcopy.deepcopy,  # Note [Deep copies of fakes]
+    torch.adjoint: _bit_views.adjoint,
+    _TensorBase.adjoint: _bit_views.adjoint,
 }
 
 
@@ -249,6 +251,8 @@ class FakeTensorFunctions(TorchFunctionMode):
                     return True
             elif descriptor is _DATA and func.__name__ == "__set__":
                 _data_setter(args)
+            elif descriptor in _bit_views.GETTERS:
+                _bit_views.refuse_if_conjugating(f".{descriptor.__name__}", args[0])
         handler = _HANDLERS.get(func)
         if not self._skip_cuda_init:
             return func(*args, **kwargs) if handler is None else handler(func, args, kwargs)

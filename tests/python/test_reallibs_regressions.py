@@ -111,14 +111,38 @@ def test_deepcopy_of_one_storage_seen_with_two_dtypes_equals_eager():
     assert float(deferred.second.table[0, 1]) == 0.0
 
 
-def test_deepcopy_of_a_conjugate_fake_is_refused_while_recording():
+def test_deepcopy_of_a_real_conjugate_view_is_refused_while_recording():
     def build():
         holder = torch.nn.Module()
-        holder.register_buffer("phases", torch.randn(4, dtype=torch.complex64).conj())
+        holder.register_buffer("phases", torch.tensor([1 + 2j, 3 - 1j]).conj())
         return copy.deepcopy(holder)
 
-    with pytest.raises(RuntimeError, match=r"deepcopy of fake ComplexFloat\[4\].*conjugate"):
+    with pytest.raises(RuntimeError, match=r"deepcopy of ComplexFloat\[2\].*conjugate"):
         torchdefer.deferred_init(build)
+
+
+@pytest.mark.parametrize("view", [
+    lambda t: t.conj(), lambda t: torch.conj(t), lambda t: t.mH, lambda t: t.H,
+    lambda t: t.adjoint(), lambda t: torch.adjoint(t),
+])
+def test_conjugate_views_of_complex_fakes_are_refused_while_recording(view):
+    # Fakes keep no conjugate bit: recorded, the view would materialize the plain values.
+    with pytest.raises(RuntimeError, match=r"fake ComplexFloat\[2, 2\].*conjugate"):
+        torchdefer.deferred_init(lambda: view(torch.randn(2, 2, dtype=torch.complex64)))
+
+
+def test_negative_views_of_fakes_are_refused_and_real_conjugates_are_not():
+    with pytest.raises(RuntimeError, match=r"_neg_view of fake Float\[2\]"):
+        torchdefer.deferred_init(lambda: torch._neg_view(torch.randn(2)))
+
+    def build():  # conj() and .mH of real tensors are views; conj_physical() of fakes is recorded
+        module = torch.nn.Module()
+        module.register_buffer("physical", torch.randn(2, 2, dtype=torch.complex64).conj_physical())
+        module.register_buffer("plain", torch.randn(2, 2).mH)
+        module.register_buffer("real", torch.tensor([1 + 2j]).conj().resolve_conj())
+        return module
+
+    _assert_bitwise_like_eager(build)
 
 
 class _BatchNormForwardWhileBuilding(torch.nn.Module):
