@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -206,6 +207,15 @@ PYBIND11_MODULE(_C, m) {
   // recording changes, and where] in bindings/torchdefer/_recording.py).
   m.def("_set_requires_cuda_init",
         [](bool required) { torch::utils::set_requires_device_init(at::kCUDA, required); });
+  // (identity, nbytes) of a fake's storage, or None for a tensor that is not fake: what deepcopy
+  // keys its storage copies by (bindings/torchdefer/_deepcopy.py).
+  m.def("_fake_storage", [](const at::Tensor& t) -> py::object {
+    const FakeStorage storage = fake_storage(t);
+    if (storage.identity == nullptr) {
+      return py::none();
+    }
+    return py::make_tuple(reinterpret_cast<std::uintptr_t>(storage.identity), storage.nbytes);
+  });
   m.def("can_materialize", [](const at::Tensor& t) { return can_materialize(t); });
   m.def("describe", [](const at::Tensor& t) { return describe(t); });
   m.def("explain", [](const at::Tensor& t) { return explain(t); });

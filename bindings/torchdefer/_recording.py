@@ -19,6 +19,8 @@ active, it sees every call into torch's Python API on this thread before torch r
 * ``new``/``new_tensor`` on a fake return a fake of its dtype and device (torch derives their
   options from the dispatch keys, which name no device for fakes);
 * ``p.data = fake`` on a real tensor is refused: it would leave ``p`` neither real nor fake;
+* ``copy.deepcopy`` of a tensor copies its storage with recorded ops (Note [Deep copies of
+  fakes] in ``_deepcopy.py``): torch's own copy goes through ``untyped_storage()``;
 * ``torch.nn.init.trunc_normal_`` becomes one recorded operator (Note [trunc_normal_ as one
   operator] in bindings/src/trunc_normal.cpp). Torch's ``trunc_normal_`` does not consult
   ``__torch_function__`` itself, so the mode takes the first call its sampler makes on the
@@ -69,7 +71,7 @@ from typing import Any, Callable, Dict
 import torch
 from torch.overrides import TorchFunctionMode
 
-from torchdefer import _C
+from torchdefer import _C, _bit_views, _deepcopy
 
 _TensorBase = torch._C.TensorBase
 _IS_META = _TensorBase.__dict__["is_meta"]
@@ -181,6 +183,9 @@ _HANDLERS: Dict[Any, Callable[[Callable, tuple, Dict[str, Any]], Any]] = {
     torch.as_tensor: _from_data,
     _TensorBase.new_tensor: _new_tensor,
     _TensorBase.new: _new,
+    torch.Tensor.__deepcopy__: _deepcopy.deepcopy,  # Note [Deep copies of fakes]
+    torch.adjoint: _bit_views.adjoint,
+    _TensorBase.adjoint: _bit_views.adjoint,
 }
 
 
@@ -295,6 +300,8 @@ class FakeTensorFunctions(TorchFunctionMode):
                     return True
             elif descriptor is _DATA and func.__name__ == "__set__":
                 _data_setter(args)
+            elif descriptor in _bit_views.GETTERS:
+                _bit_views.refuse_if_conjugating(f".{descriptor.__name__}", args[0])
         return func(*args, **kwargs) if kwargs else func(*args)
 
 

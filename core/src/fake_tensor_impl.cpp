@@ -129,6 +129,14 @@ FakeTensorImpl* fake_impl(const at::TensorBase& t) noexcept {
 
 bool is_fake(const at::TensorBase& t) noexcept { return fake_impl(t) != nullptr; }
 
+FakeStorage fake_storage(const at::TensorBase& t) noexcept {
+  const FakeTensorImpl* impl = fake_impl(t);
+  if (impl == nullptr || !impl->meta().defined()) {
+    return {};
+  }
+  return {impl->storage_identity(), static_cast<int64_t>(impl->meta().storage().nbytes())};
+}
+
 bool has_fake_metadata_only(const at::TensorBase& t) noexcept {
   return t.defined() && !is_fake(t) && t.key_set().has(kFakeKey);
 }

@@ -67,6 +67,30 @@ constexpr OpInfo meta(std::string_view name, MetaRule rule) {
   return info;
 }
 
+// Note [Writes the schema does not show]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// native_batch_norm(input, weight, bias, running_mean, running_var, training, ...) updates the
+// running statistics in place when training, but its schema marks no argument written; so do the
+// composite ops above it that the recorder may record whole (batch_norm, instance_norm, ...). A
+// recording that trusted the schema would drop the update (BatchNorm's forward in train mode
+// during construction, what PyTorch Geometric's and MONAI's lazy modules and instance norm with
+// tracked statistics do), and the materialized buffers would silently keep their initial values.
+// The recorder treats the arguments listed here as written, as if the schema said so; when not
+// training the kernel leaves them as they are, and replaying it changes nothing.
+constexpr OpInfo with_unmarked_writes(OpInfo info, uint32_t arguments) {
+  info.unmarked_writes = arguments;
+  return info;
+}
+
+constexpr OpInfo with_unmarked_writes(std::string_view name, uint32_t arguments) {
+  OpInfo info;
+  info.name = name;
+  return with_unmarked_writes(info, arguments);
+}
+
+// running_mean and running_var, arguments 3 and 4 of every op below.
+constexpr uint32_t kRunningStats = (1u << 3) | (1u << 4);
+
 namespace rules = detail::meta_rules;
 using D = DrawRule;
 using S = CounterSampler;
@@ -218,7 +242,12 @@ constexpr OpInfo kOps[] = {
     meta("aten::log_sigmoid_forward", rules::with_empty_buffer),
     meta("aten::where.self", rules::where_self),
     meta("aten::index_select", rules::index_select),
-    meta("aten::native_batch_norm", rules::batch_norm),
+    with_unmarked_writes(meta("aten::native_batch_norm", rules::batch_norm), kRunningStats),
+    with_unmarked_writes("aten::batch_norm", kRunningStats),
+    with_unmarked_writes("aten::_batch_norm_impl_index", kRunningStats),
+    with_unmarked_writes("aten::instance_norm", kRunningStats),
+    with_unmarked_writes("aten::cudnn_batch_norm", kRunningStats),
+    with_unmarked_writes("aten::miopen_batch_norm", kRunningStats),
     meta("aten::_native_batch_norm_legit", rules::batch_norm),
     meta("aten::_native_batch_norm_legit.no_stats", rules::batch_norm_no_stats),
     meta("aten::_batch_norm_with_update", rules::batch_norm_with_update),
@@ -295,6 +324,15 @@ const OpInfo* find_op_info(const c10::OperatorName& op) {
 const OpInfo* find_op_info(std::string_view name) { return lookup(name); }
 
 c10::ArrayRef<OpInfo> op_table() { return kOps; }
+
+bool writes_argument(const c10::FunctionSchema& schema, size_t index) {
+  const c10::Argument& argument = schema.arguments()[index];
+  if (argument.alias_info() != nullptr && argument.alias_info()->isWrite()) {
+    return true;
+  }
+  const OpInfo* info = find_op_info(schema.operator_name());
+  return info != nullptr && index < 32 && (info->unmarked_writes >> index & 1u) != 0;
+}
 
 bool is_random(const c10::OperatorHandle& op) {
   return op.hasTag(at::Tag::nondeterministic_seeded);

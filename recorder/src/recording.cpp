@@ -125,8 +125,8 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
   if (info == nullptr || info->values == ValueRule::kFromTags) {
     facts.may_read_values = value_reading_api(op, {}).has_value();
   }
-  for (const c10::Argument& argument : schema.arguments()) {
-    facts.written.push_back(is_written(argument));
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    facts.written.push_back(writes_argument(schema, i));
     facts.writes = facts.writes || facts.written.back();
   }
   return facts;
@@ -217,6 +217,7 @@ class Recorder {
 
   void run(c10::DispatchKeySet keys) {
     scan_arguments();
+    refuse_bit_views();
     keep_what_recorded_nodes_read();
     if (reads_values_of_recording() || writes_recorded_values_into_real()) {
       run_on_values();
@@ -240,6 +241,21 @@ class Recorder {
   }
 
  private:
+  // Note [Conjugate and negative views of fakes]: `conj()` of a complex tensor (also through
+  // `.mH`, `.H`, `adjoint()`) and `_neg_view` make views that carry a conjugate or negative bit,
+  // which fakes do not keep; recording one would materialize the plain values, a silent
+  // difference from eager. Found by the real-library suite's conjugate deepcopy case.
+  void refuse_bit_views() const {
+    if (!has_fake_ || (facts_.name != "aten::_conj" && facts_.name != "aten::_neg_view")) {
+      return;
+    }
+    TORCH_CHECK(false, "torchdefer: ", facts_.name, " of ",
+                describe(stack_[first_argument_].toTensor()),
+                " while recording would make a conjugate or negative view, which fakes do not "
+                "keep. Use conj_physical() (or neg()) instead, or compute it after "
+                "materialization.");
+  }
+
   c10::ArrayRef<c10::IValue> arguments() const {
     return c10::ArrayRef<c10::IValue>(stack_).slice(first_argument_, schema_.arguments().size());
   }

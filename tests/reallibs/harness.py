@@ -19,8 +19,11 @@ _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    return torch.equal(a.detach().contiguous().reshape(-1).view(torch.uint8),
-                       b.detach().contiguous().reshape(-1).view(torch.uint8))
+    # A fresh flat copy: contiguous() keeps a size-1 dimension's stride (0 when expanded), which
+    # view(uint8) refuses (BoTorch's KroneckerMultiTaskGP holds such a buffer).
+    flat = dict(memory_format=torch.contiguous_format)
+    return torch.equal(a.detach().reshape(-1).clone(**flat).view(torch.uint8),
+                       b.detach().reshape(-1).clone(**flat).view(torch.uint8))
 
 
 def state(module: torch.nn.Module) -> Dict[str, torch.Tensor]:

@@ -36,15 +36,15 @@ def main(path: str) -> None:
         message = (problem.get("message") or "").strip().splitlines()
         failures.append((name, check, klass, " / ".join(message[:3])[:300]))
 
-    print(f"{'library':<26}{'cases':>6}{'torch mode':>12}{'shards':>10}")
+    print(f"{'library':<30}{'cases':>6}{'torch mode':>12}{'shards':>10}")
     totals = [0, 0, 0, 0, 0]
     for library in sorted(rows):
         row = rows[library]
         (tp, tn), (sp, sn) = row["torch mode"], row["shards"]
-        print(f"{library:<26}{len(row['cases']):>6}{f'{tp}/{tn}':>12}{f'{sp}/{sn}':>10}")
+        print(f"{library:<30}{len(row['cases']):>6}{f'{tp}/{tn}':>12}{f'{sp}/{sn}':>10}")
         for i, v in enumerate((len(row["cases"]), tp, tn, sp, sn)):
             totals[i] += v
-    print(f"{'total':<26}{totals[0]:>6}{f'{totals[1]}/{totals[2]}':>12}"
+    print(f"{'total':<30}{totals[0]:>6}{f'{totals[1]}/{totals[2]}':>12}"
           f"{f'{totals[3]}/{totals[4]}':>10}")
     for name, check, klass, message in failures:
         print(f"FAILED {name} ({check}) [{klass}]: {message}")

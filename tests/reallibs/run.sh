@@ -5,7 +5,7 @@
 # the pinned libraries of requirements.txt there without ever replacing torch, builds torchdefer
 # into build/ if it is not built, runs every case (eager vs torch mode, counter-mode shards) and
 # prints a table per library with each failure's class (known_failures.py). Not part of
-# scripts/dev.sh test: the installs are about 1.5 GB (triton, lightning, diffusers, ...).
+# scripts/dev.sh test: the installs are about 1.8 GB (triton, lightning, diffusers, ...).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

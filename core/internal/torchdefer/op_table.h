@@ -88,7 +88,14 @@ struct OpInfo {
   // Writes every element of its first argument (`self`), writes nothing else, and reads none of
   // self's values: a write that replay may skip when the next one covers it (Note [Dead writes]).
   bool overwrites_self = false;
+  // Arguments (bit i: the i-th of the schema) the kernel writes although the schema marks no
+  // write: Note [Writes the schema does not show].
+  uint32_t unmarked_writes = 0;
 };
+
+// Whether `op`'s kernel may write its argument `index`: the schema marks it written, or the op
+// table says the kernel writes it anyway.
+bool writes_argument(const c10::FunctionSchema& schema, size_t index);
 
 // The entry for `op`: its overload's own entry if the table has one, else its name's; nullptr if
 // the table has neither.

@@ -1,0 +1,85 @@
+"""``copy.deepcopy`` of fakes while recording: what ``Tensor.__deepcopy__`` does for a real
+tensor, made of recorded ops.
+
+Note [Deep copies of fakes]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Model code deep-copies modules while building them: PyTorch Geometric's ``BasicGNN`` builds one
+normalization layer and ``copy.deepcopy``-s it for every layer, ``nn.TransformerEncoder`` clones
+its layer. A parameter's ``__deepcopy__`` clones its data, which records; a plain tensor's (a
+buffer such as BatchNorm's ``running_mean``) copies its storage through ``untyped_storage()``,
+which a fake does not have. While recording, a fake's deep copy is built the way eager builds
+the real one, from ops the recorder records:
+
+* the storage is copied once per deepcopy call (keyed in ``memo`` by the fake's storage identity,
+  as eager keys storage copies by the storage): a fake of the whole storage (``as_strided`` over
+  its bytes) is cloned, so that fakes that shared a storage before share the copy afterwards,
+  views and ``detach()``-ed aliases alike;
+* the copy is a detached alias of that clone with the original's size, stride and offset (eager:
+  ``new_empty([]).set_(storage, offset, size, stride)``), then ``requires_grad``, ``grad`` and
+  ``__dict__`` are copied as eager copies them.
+
+A real tensor's deep copy is made the same way: torch's own copies its storage through a new
+``UntypedStorage`` and ``set_``, whose factory makes a fake while recording; here the clone of
+its storage runs for real, as every op on real tensors does (Note [Ops on real tensors run for
+real]), and holds the values the tensor holds at the copy, as in eager.
+
+The storage is copied as bytes, so tensors that see one storage with different dtypes share the
+copy as they do in eager. Conjugate or negative views and tensor subclasses other than
+``Parameter`` (which clones, and needs nothing here) are refused with a message naming the
+tensor.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Dict
+
+import torch
+
+from torchdefer import _C
+
+
+def _refuse(tensor: torch.Tensor, why: str) -> RuntimeError:
+    return RuntimeError(
+        f"torchdefer: copy.deepcopy of {_C.describe(tensor)} while recording is not "
+        f"supported: {why}. Deep-copy the module before deferred_init, or build the copy with "
+        "its own constructor call inside deferred_init."
+    )
+
+
+def _storage_copy(tensor: torch.Tensor, memo: Dict[Any, Any]) -> torch.Tensor:
+    """The clone of `tensor`'s whole storage for this deepcopy call, made once per storage."""
+    if _C.is_fake(tensor):
+        identity, nbytes = _C._fake_storage(tensor)
+    else:
+        storage = tensor.untyped_storage()
+        identity, nbytes = storage._cdata, storage.nbytes()
+    key = ("torchdefer.storage", identity)
+    if key not in memo:
+        try:
+            start = tensor.detach().as_strided((0,), (1,), 0).view(torch.uint8)
+        except RuntimeError as error:  # a conjugate or negative view, whose bytes are not its values
+            raise _refuse(tensor, "it is a conjugate or negative view") from error
+        memo[key] = start.as_strided((nbytes,), (1,), 0).clone()
+    # A storage seen with another dtype (a `view(dtype)`) is the same bytes, as in eager.
+    return memo[key].view(tensor.dtype)
+
+
+def deepcopy(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
+    """The recording's handler of ``Tensor.__deepcopy__`` (Note [Deep copies of fakes])."""
+    self, memo = args[0], args[1] if len(args) > 1 else kwargs["memo"]
+    if (not self.is_leaf or id(self) in memo or self.layout != torch.strided or self.is_quantized
+            or self.is_meta):
+        return func(*args, **kwargs)  # eager's own checks and memo, and its copies by clone()
+    if type(self) is not torch.Tensor:
+        raise _refuse(self, f"it is a {type(self).__name__}, a tensor subclass")
+    with torch.no_grad():
+        made = _storage_copy(self, memo).detach()
+        made.as_strided_(self.size(), self.stride(), self.storage_offset())
+        if self.requires_grad:
+            made.requires_grad_()
+        if self.grad is not None:
+            made.grad = copy.deepcopy(self.grad, memo)
+        made.__dict__ = copy.deepcopy(self.__dict__, memo)
+    memo[id(self)] = made
+    return made

@@ -1,0 +1,185 @@
+"""Failures the real-library suite (tests/reallibs/) found, each reproduced with plain torch code
+so that it runs without that suite's venv."""
+
+import copy
+
+import pytest
+import torch
+import torchdefer
+
+
+def _state(module):
+    out = dict(module.named_parameters(remove_duplicate=False))
+    out.update(module.named_buffers(remove_duplicate=False))
+    return out
+
+
+def _assert_bitwise_like_eager(build):
+    torch.manual_seed(0)
+    eager = build()
+    eager_rng = torch.get_rng_state()
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(build)
+    torchdefer.materialize_module(deferred)
+    assert torch.equal(torch.get_rng_state(), eager_rng)
+    eager_state, deferred_state = _state(eager), _state(deferred)
+    assert eager_state.keys() == deferred_state.keys()
+    for name, value in eager_state.items():
+        assert not torchdefer.is_fake(deferred_state[name]), name
+        assert torch.equal(value, deferred_state[name]), name
+    return eager, deferred
+
+
+class _CopiesItsNorm(torch.nn.Module):
+    """PyTorch Geometric's BasicGNN (GCN with norm="batch_norm"): one BatchNorm is built, its
+    buffers written, and deep-copied for every layer while the model is being built."""
+
+    def __init__(self):
+        super().__init__()
+        norm = torch.nn.BatchNorm1d(6)
+        norm.running_mean.normal_()  # a recorded value, so that the copy carries it
+        self.norms = torch.nn.ModuleList(copy.deepcopy(norm) for _ in range(3))
+        self.lin = torch.nn.Linear(4, 6)
+
+
+def test_deepcopy_of_a_module_with_fake_buffers_equals_eager():
+    eager, deferred = _assert_bitwise_like_eager(_CopiesItsNorm)
+    assert deferred.norms[0].running_mean.data_ptr() != deferred.norms[1].running_mean.data_ptr()
+
+
+class _CopiesAliases(torch.nn.Module):
+    """A deepcopy of buffers that share one storage (a view and a detached alias) keeps them
+    sharing the copy's storage, as eager does; the original is not written by the copy's writes."""
+
+    def __init__(self):
+        super().__init__()
+        table = torch.randn(4, 6)
+        holder = torch.nn.Module()
+        holder.register_buffer("table", table)
+        holder.register_buffer("row", table[1])
+        holder.register_buffer("alias", table.detach())
+        self.first = holder
+        self.second = copy.deepcopy(holder)
+        self.second.row.fill_(7.0)
+
+
+def test_deepcopy_keeps_storage_sharing_as_eager():
+    eager, deferred = _assert_bitwise_like_eager(_CopiesAliases)
+    for module in (eager, deferred):
+        second = module.second
+        assert second.row.data_ptr() == second.table.data_ptr() + 6 * 4
+        assert second.alias.data_ptr() == second.table.data_ptr()
+        assert second.table.data_ptr() != module.first.table.data_ptr()
+        assert bool((second.alias[1] == 7.0).all())
+        assert not bool((module.first.table[1] == 7.0).all())
+
+
+def test_deepcopied_buffers_shard_like_the_full_counter_model():
+    torch.manual_seed(0)
+    full = torchdefer.deferred_init(_CopiesItsNorm)
+    torchdefer.materialize_module(full, rng="counter")
+    for rank in range(2):
+        torch.manual_seed(0)
+        local = torchdefer.deferred_init(_CopiesItsNorm)
+        torchdefer.materialize_module(local, shard=torchdefer.Shard(rank, 2))
+        for name, value in _state(local).items():
+            info = torchdefer.shard_info(value)
+            expected = _state(full)[name]
+            if info is not None:
+                starts, stops = info["box"]
+                expected = expected[tuple(slice(a, b) for a, b in zip(starts, stops))]
+            assert torch.equal(value, expected), name
+
+
+class _CopiesTwoDtypes(torch.nn.Module):
+    """A storage seen as float32 and as int32 stays one storage in the copy, as in eager."""
+
+    def __init__(self):
+        super().__init__()
+        holder = torch.nn.Module()
+        holder.register_buffer("table", torch.randn(2, 4).t())
+        holder.register_buffer("bits", holder.table.view(torch.int32))
+        self.first = holder
+        self.second = copy.deepcopy(holder)
+        self.second.bits[0, 1] = 0
+
+
+def test_deepcopy_of_one_storage_seen_with_two_dtypes_equals_eager():
+    eager, deferred = _assert_bitwise_like_eager(_CopiesTwoDtypes)
+    assert deferred.second.table.stride() == eager.second.table.stride() == (1, 4)
+    assert deferred.second.bits.data_ptr() == deferred.second.table.data_ptr()
+    assert float(deferred.second.table[0, 1]) == 0.0
+
+
+def test_deepcopy_of_a_real_conjugate_view_is_refused_while_recording():
+    def build():
+        holder = torch.nn.Module()
+        holder.register_buffer("phases", torch.tensor([1 + 2j, 3 - 1j]).conj())
+        return copy.deepcopy(holder)
+
+    with pytest.raises(RuntimeError, match=r"deepcopy of ComplexFloat\[2\].*conjugate"):
+        torchdefer.deferred_init(build)
+
+
+@pytest.mark.parametrize("view", [
+    lambda t: t.conj(), lambda t: torch.conj(t), lambda t: t.mH, lambda t: t.H,
+    lambda t: t.adjoint(), lambda t: torch.adjoint(t),
+])
+def test_conjugate_views_of_complex_fakes_are_refused_while_recording(view):
+    # Fakes keep no conjugate bit: recorded, the view would materialize the plain values.
+    with pytest.raises(RuntimeError, match=r"fake ComplexFloat\[2, 2\].*conjugate"):
+        torchdefer.deferred_init(lambda: view(torch.randn(2, 2, dtype=torch.complex64)))
+
+
+def test_negative_views_of_fakes_are_refused_and_real_conjugates_are_not():
+    with pytest.raises(RuntimeError, match=r"_neg_view of fake Float\[2\]"):
+        torchdefer.deferred_init(lambda: torch._neg_view(torch.randn(2)))
+
+    def build():  # conj() and .mH of real tensors are views; conj_physical() of fakes is recorded
+        module = torch.nn.Module()
+        module.register_buffer("physical", torch.randn(2, 2, dtype=torch.complex64).conj_physical())
+        module.register_buffer("plain", torch.randn(2, 2).mH)
+        module.register_buffer("real", torch.tensor([1 + 2j]).conj().resolve_conj())
+        return module
+
+    _assert_bitwise_like_eager(build)
+
+
+class _BatchNormForwardWhileBuilding(torch.nn.Module):
+    """Lazy modules (torch's LazyBatchNorm, PyTorch Geometric's and MONAI's lazy layers) run a
+    forward during construction to learn their shapes: in train mode, native_batch_norm updates
+    the running statistics in place although its schema marks no write."""
+
+    def __init__(self):
+        super().__init__()
+        self.lazy = torch.nn.Sequential(torch.nn.LazyConv2d(4, 3), torch.nn.LazyBatchNorm2d())
+        self.lazy(torch.randn(2, 3, 6, 6))
+        self.norm = torch.nn.BatchNorm1d(5, momentum=None)  # cumulative average
+        self.norm(torch.randn(7, 5))
+        self.norm(torch.randn(7, 5))
+        self.instance = torch.nn.InstanceNorm1d(5, track_running_stats=True, affine=True)
+        self.instance(torch.randn(3, 5, 4))
+        self.frozen = torch.nn.BatchNorm1d(5).eval()
+        self.frozen(torch.randn(7, 5))
+
+
+def test_running_statistics_updated_while_building_equal_eager():
+    eager, deferred = _assert_bitwise_like_eager(_BatchNormForwardWhileBuilding)
+    assert not torch.equal(eager.norm.running_mean, torch.zeros(5))  # the update happened
+
+
+def test_running_statistics_updated_while_building_shard_like_the_full_counter_model():
+    torch.manual_seed(0)
+    full = torchdefer.deferred_init(_BatchNormForwardWhileBuilding)
+    torchdefer.materialize_module(full, rng="counter")
+    for rank in range(3):
+        torch.manual_seed(0)
+        local = torchdefer.deferred_init(_BatchNormForwardWhileBuilding)
+        torchdefer.materialize_module(local, shard=torchdefer.Shard(rank, 3))
+        for name, value in _state(local).items():
+            info = torchdefer.shard_info(value)
+            expected = _state(full)[name]
+            if info is not None:
+                starts, stops = info["box"]
+                expected = expected[tuple(slice(a, b) for a, b in zip(starts, stops))]
+            assert torch.equal(value, expected), name

@@ -1,0 +1,43 @@
+"""flash-linear-attention (fla): its Hugging Face-style causal LMs of linear-attention and
+state-space layers (GLA, DeltaNet, Gated DeltaNet, RetNet, HGRN2, Mamba2, RWKV6, RWKV7 with its
+orthogonal and layer-dependent inits), built on the CPU from
+small configs (their Triton kernels run only in the forward, never at construction)."""
+
+import warnings
+
+import fla.models as fla_models
+import pytest
+from harness import check_shards, check_torch_mode
+
+warnings.filterwarnings("ignore", message=".*CPU.*")  # fla warns that it runs best on a GPU
+
+_SMALL = dict(hidden_size=64, num_hidden_layers=2, vocab_size=256, intermediate_size=128,
+              fuse_cross_entropy=False)
+
+
+def _lm(name, **config):
+    config_class = getattr(fla_models, f"{name}Config")
+    model_class = getattr(fla_models, f"{name}ForCausalLM")
+    return lambda: model_class(config_class(**_SMALL, **config))
+
+
+CASES = {
+    "fla/gla": _lm("GLA", num_heads=2),
+    "fla/deltanet": _lm("DeltaNet", num_heads=2),
+    "fla/gated-deltanet": _lm("GatedDeltaNet", num_heads=2, head_dim=32),
+    "fla/retnet": _lm("RetNet", num_heads=2),
+    "fla/hgrn2": _lm("HGRN2", num_heads=2, expand_ratio=32),
+    "fla/mamba2": _lm("Mamba2", num_heads=4, head_dim=32, state_size=16, n_groups=1),
+    "fla/rwkv6": _lm("RWKV6", num_heads=2),
+    "fla/rwkv7": _lm("RWKV7", head_dim=32),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_torch_mode_equals_eager(case):
+    check_torch_mode(CASES[case])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_shards_concatenate_to_the_full_counter_model(case):
+    check_shards(CASES[case])
