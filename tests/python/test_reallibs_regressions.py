@@ -74,14 +74,15 @@ def test_deepcopy_keeps_storage_sharing_as_eager():
         assert not bool((module.first.table[1] == 7.0).all())
 
 
-def test_deepcopied_buffers_shard_like_the_full_counter_model():
+def _assert_shards_like_the_full_counter_model(factory, world):
+    """Every rank's tensors equal their box of the whole model materialized in counter mode."""
     torch.manual_seed(0)
-    full = torchdefer.deferred_init(_CopiesItsNorm)
+    full = torchdefer.deferred_init(factory)
     torchdefer.materialize_module(full, rng="counter")
-    for rank in range(2):
+    for rank in range(world):
         torch.manual_seed(0)
-        local = torchdefer.deferred_init(_CopiesItsNorm)
-        torchdefer.materialize_module(local, shard=torchdefer.Shard(rank, 2))
+        local = torchdefer.deferred_init(factory)
+        torchdefer.materialize_module(local, shard=torchdefer.Shard(rank, world))
         for name, value in _state(local).items():
             info = torchdefer.shard_info(value)
             expected = _state(full)[name]
@@ -89,6 +90,10 @@ def test_deepcopied_buffers_shard_like_the_full_counter_model():
                 starts, stops = info["box"]
                 expected = expected[tuple(slice(a, b) for a, b in zip(starts, stops))]
             assert torch.equal(value, expected), name
+
+
+def test_deepcopied_buffers_shard_like_the_full_counter_model():
+    _assert_shards_like_the_full_counter_model(_CopiesItsNorm, world=2)
 
 
 class _CopiesTwoDtypes(torch.nn.Module):
@@ -169,17 +174,4 @@ def test_running_statistics_updated_while_building_equal_eager():
 
 
 def test_running_statistics_updated_while_building_shard_like_the_full_counter_model():
-    torch.manual_seed(0)
-    full = torchdefer.deferred_init(_BatchNormForwardWhileBuilding)
-    torchdefer.materialize_module(full, rng="counter")
-    for rank in range(3):
-        torch.manual_seed(0)
-        local = torchdefer.deferred_init(_BatchNormForwardWhileBuilding)
-        torchdefer.materialize_module(local, shard=torchdefer.Shard(rank, 3))
-        for name, value in _state(local).items():
-            info = torchdefer.shard_info(value)
-            expected = _state(full)[name]
-            if info is not None:
-                starts, stops = info["box"]
-                expected = expected[tuple(slice(a, b) for a, b in zip(starts, stops))]
-            assert torch.equal(value, expected), name
+    _assert_shards_like_the_full_counter_model(_BatchNormForwardWhileBuilding, world=3)
