@@ -113,6 +113,8 @@ struct OperatorFacts {
   bool may_read_values = true;
   std::vector<bool> written;  // per schema argument
   bool writes = false;
+  // aten::_conj and aten::_neg_view: views that set a bit fakes do not keep.
+  bool bit_view = false;
 };
 
 OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
@@ -121,6 +123,7 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
   facts.name = schema.name();
   facts.overload_name = schema.overload_name();
   facts.random = is_random(op);
+  facts.bit_view = facts.name == "aten::_conj" || facts.name == "aten::_neg_view";
   const OpInfo* info = find_op_info(std::string_view(schema.name()));
   if (info == nullptr || info->values == ValueRule::kFromTags) {
     facts.may_read_values = value_reading_api(op, {}).has_value();
@@ -246,7 +249,7 @@ class Recorder {
   // which fakes do not keep; recording one would materialize the plain values, a silent
   // difference from eager. Found by the real-library suite's conjugate deepcopy case.
   void refuse_bit_views() const {
-    if (!has_fake_ || (facts_.name != "aten::_conj" && facts_.name != "aten::_neg_view")) {
+    if (!has_fake_ || !facts_.bit_view) {
       return;
     }
     TORCH_CHECK(false, "torchdefer: ", facts_.name, " of ",
