@@ -17,7 +17,22 @@ time):
   W  the walk alone, without any torch-function mode, on a meta-built model, with every
      transformers init primitive (transformers.initialization.TORCH_INIT_FUNCTIONS: normal_,
      ones_, ...) made to return its tensor untouched: transformers' own Python, which a recorder
-     runs whatever an op costs it.
+     runs whatever an op costs it;
+  D  C's recording scope alone, without the recording's torch-function mode and without what
+     deferred_init does with its result (a measurement only: the mode is what makes repr,
+     trunc_normal_ and the other calls of Note [What recording changes, and where] right);
+  S  what deferred_init does with its result after the constructor (Note [One walk over a
+     returned module]), timed on its own after a recording like C's.
+
+C − D − S is then what the torch-function mode costs: torch's own dispatch to a Python mode
+(argument tuples, the mode stash, the forwarded call parsed again; for a torch function written in
+Python, such as torch.nn.init.normal_, torch.overrides.handle_torch_function in Python) plus the
+mode's own __torch_function__. calls_C_python counts the calls of C whose function is written in
+Python.
+
+With --per-call it prints instead what one call of each kind that C makes costs (µs of CPU, the
+minimum over 5 loops) in three settings: on the meta device as A builds (its torch.device mode
+active), recorded without the mode (D's setting) and recorded as deferred_init records (C's).
 
 A − T_A is the Python of the constructor; C records the same constructor and the walk, so no
 recorder, however cheap its ops, takes less than floor = A − T_A + W.
@@ -31,6 +46,7 @@ import gc
 import json
 import statistics
 import time
+import types
 from typing import Any, Callable, Dict, List
 
 import torch
@@ -46,14 +62,16 @@ class TorchTime(TorchFunctionMode):
         super().__init__()
         self.seconds = 0.0
         self.calls = 0
+        self.python_calls = 0  # calls of torch functions written in Python (torch.nn.init.*)
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
         start = time.perf_counter()
         try:
             return func(*args, **(kwargs or {}))
         finally:
             self.seconds += time.perf_counter() - start
             self.calls += 1
+            self.python_calls += isinstance(func, types.FunctionType)
 
 
 @contextlib.contextmanager
@@ -124,7 +142,18 @@ def measure(config: models.LlamaConfig) -> Dict[str, Any]:
             torchdefer._after_return.hand_out(result)
 
     out["C_timed"] = timed(recorded_timed)
-    out["T_C"], out["calls_C"] = clock.seconds, clock.calls
+    out["T_C"], out["calls_C"], out["calls_C_python"] = clock.seconds, clock.calls, clock.python_calls
+
+    def recorded_without_mode():
+        with _C._RecordingScope("without the mode", False):
+            build()
+
+    out["D"] = timed(recorded_without_mode)
+
+    with _recording.mode(), _C._RecordingScope("settled", False):
+        result = build()
+    out["S"] = timed(lambda: torchdefer._returned.settle(result))
+    del result
 
     built = meta()  # init skipped: the walk below is its first
     with init_primitives_untouched():
@@ -132,12 +161,49 @@ def measure(config: models.LlamaConfig) -> Dict[str, Any]:
     return out
 
 
+def per_call(side: int = 1024) -> Dict[str, Dict[str, float]]:
+    """µs of CPU per call of the kinds of torch call C makes, in A's, D's and C's settings."""
+    from torchdefer import _C, _recording
+
+    def settings():
+        yield "meta", contextlib.ExitStack(), torch.device("meta")
+        yield "recorded, no mode", contextlib.ExitStack(), _C._RecordingScope("per call", False)
+        yield "recorded", _recording.mode(), _C._RecordingScope("per call", False)
+
+    out: Dict[str, Dict[str, float]] = {}
+    for name, outer, inner in settings():
+        with outer, inner:
+            t = torch.empty(side, side)
+            calls = {
+                "_set_grad_enabled": (2000, lambda: torch._C._set_grad_enabled(True)),
+                "torch.empty": (1000, lambda: torch.empty(side, side)),
+                "nn.Parameter(t)": (1000, lambda: torch.nn.Parameter(t)),
+                "Tensor.detach": (1000, t.detach),
+                "Tensor.fill_": (1000, lambda: t.fill_(1.0)),
+                "nn.init.normal_": (100, lambda: torch.nn.init.normal_(t, 0.0, 0.02)),
+                "nn.init.kaiming_uniform_": (100, lambda: torch.nn.init.kaiming_uniform_(t, a=5**0.5)),
+            }
+            for call, (n, fn) in calls.items():
+                best = float("inf")
+                for _ in range(5):
+                    start = time.process_time()
+                    for _ in range(n):
+                        fn()
+                    best = min(best, (time.process_time() - start) / n * 1e6)
+                out.setdefault(call, {})[name] = round(best, 2)
+    return out
+
+
 def main(argv: List[str] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="llama3-70b", choices=list(models.CONFIGS))
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--per-call", action="store_true", help="per-call costs instead (above)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
+    if args.per_call:
+        print(json.dumps(dict(load_average=list(__import__("os").getloadavg()), per_call_us=per_call())))
+        return
     measure(models.config("tiny"))
     runs = []
     for _ in range(args.reps):
@@ -148,12 +214,17 @@ def main(argv: List[str] = None) -> None:
         return statistics.median(r[key][clock] if isinstance(r[key], dict) else r[key] for r in runs)
 
     a, b, c, w, t_a, t_c = med("A"), med("B"), med("C"), med("W"), med("T_A"), med("T_C")
+    d, s = med("D"), med("S")
     floors = [(r["A"]["wall"] - r["T_A"] + r["W"]["wall"]) / r["A"]["wall"] for r in runs]
     summary = dict(
         model=args.model, reps=args.reps, load_average=list(__import__("os").getloadavg()),
-        A_s=a, B_s=b, C_s=c, W_s=w, T_A_s=t_a, T_C_s=t_c,
+        A_s=a, B_s=b, C_s=c, W_s=w, T_A_s=t_a, T_C_s=t_c, D_s=d, S_s=s,
         A_cpu_s=med("A", "cpu"), B_cpu_s=med("B", "cpu"), C_cpu_s=med("C", "cpu"), W_cpu_s=med("W", "cpu"),
-        calls_A=med("calls_A"), calls_C=med("calls_C"),
+        D_cpu_s=med("D", "cpu"), S_cpu_s=med("S", "cpu"),
+        calls_A=med("calls_A"), calls_C=med("calls_C"), calls_C_python=med("calls_C_python"),
+        mode_over_A=statistics.median((r["C"]["wall"] - r["D"]["wall"] - r["S"]["wall"]) / r["A"]["wall"] for r in runs),
+        D_over_A=statistics.median(r["D"]["wall"] / r["A"]["wall"] for r in runs),
+        S_over_A=statistics.median(r["S"]["wall"] / r["A"]["wall"] for r in runs),
         C_over_A=statistics.median(r["C"]["wall"] / r["A"]["wall"] for r in runs),
         C_over_B=statistics.median(r["C"]["wall"] / r["B"]["wall"] for r in runs),
         C_over_A_cpu=statistics.median(r["C"]["cpu"] / r["A"]["cpu"] for r in runs),

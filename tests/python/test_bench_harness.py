@@ -185,3 +185,18 @@ def test_distributed_entry_point_measures_every_way_and_gets_the_counter_model(t
     distributed.write_section(docs, page)  # replaced, not appended twice
     assert docs.read_text().count(distributed.BEGIN) == 1
     assert report.other_sections(docs) == "\n" + page
+
+
+def test_hf_floor_splits_deferred_init_into_the_recording_scope_the_mode_and_the_settling():
+    pytest.importorskip("transformers")
+    from bench.harness import hf_floor
+
+    torch.manual_seed(0)
+    out = hf_floor.measure(TINY)
+    for part in ("A", "B", "C", "D", "S", "W"):
+        assert out[part]["wall"] > 0 and out[part]["cpu"] >= 0
+    # The Python-written torch calls (torch.nn.init.*) are counted among C's calls.
+    assert 0 < out["calls_C_python"] < out["calls_C"] and out["calls_A"] < out["calls_C"]
+    per_call = hf_floor.per_call(side=8)
+    assert set(per_call["nn.init.normal_"]) == {"meta", "recorded, no mode", "recorded"}
+    assert all(us > 0 for costs in per_call.values() for us in costs.values())
