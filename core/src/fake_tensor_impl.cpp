@@ -75,7 +75,8 @@ void FakeTensorImpl::sync_from_meta() {
 // storage_access_should_throw_ is set, and every data pointer accessor throws when has_storage()
 // is false, each with the custom message kept in the TensorImpl's ExtraMeta if there is one.
 // Those throwing functions are private and not virtual, but both checks go through virtual
-// functions (storage() and has_storage(), TENSORIMPL_MAYBE_VIRTUAL in LibTorch 2.11 and 2.13), so
+// functions (storage() and has_storage() are TENSORIMPL_MAYBE_VIRTUAL, virtual unless a mobile
+// build defines C10_DISABLE_TENSORIMPL_EXTENSIBILITY, which LibTorch releases do not), so
 // the fake writes its message there, just before the check fails, and only when its shape changed
 // since it last wrote one. Formatting the message for every fake made (a stream, the dtype, the
 // sizes and the device) cost about a fifth of constructing a model under a FakeMode, for a
