@@ -239,8 +239,40 @@ TARGETS = [
 ]
 
 
-def targets_table(rows: List[Dict[str, Any]]) -> str:
-    """Issue 12's targets, each checked against the rows of this run that it is about."""
+# Issue 12's C++ target, checked on the micro-benchmarks (bench/micro): (what, model, the recorded
+# benchmark, the FakeMode one, the limit on the ratio of their median real times).
+MICRO_TARGETS = [
+    ("C++ Llama: recording (`deferred_init`) time ≤ 1.1× construction under a `FakeMode`", "llama3-70b",
+     "BM_Record/deferred_init/llama3-70b", "BM_Record/fake_mode/llama3-70b", 1.1),
+]
+
+_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def micro_real_times(micro: List[Dict[str, Any]], name: str) -> List[float]:
+    """The real time in seconds of every repetition of benchmark NAME in MICRO."""
+    return [b["real_time"] * _SECONDS[b.get("time_unit", "ns")] for source in micro for b in source["benchmarks"]
+            if b.get("run_type", "iteration") == "iteration" and b["name"] in (name, name + "/real_time")]
+
+
+def micro_targets(micro: List[Dict[str, Any]]) -> List[str]:
+    """MICRO_TARGETS' rows for the targets table, where MICRO has both benchmarks."""
+    lines = []
+    for what, model, recorded, fake, limit in MICRO_TARGETS:
+        times = micro_real_times(micro, recorded), micro_real_times(micro, fake)
+        if not all(times):
+            continue
+        medians = [statistics.median(t) for t in times]
+        ratio = medians[0] / medians[1]
+        lines.append(f"| {what} | {model} | `{recorded}` vs `{fake}` | {ratio:.2f}× (medians of {len(times[0])} "
+                     f"and {len(times[1])} repetitions: {medians[0] * 1e3:.3g} ms vs {medians[1] * 1e3:.3g} ms) | "
+                     f"{'yes' if ratio <= limit else 'no'} |")
+    return lines
+
+
+def targets_table(rows: List[Dict[str, Any]], micro: List[Dict[str, Any]] = ()) -> str:
+    """Issue 12's targets, each checked against the rows of this run that it is about (and the C++
+    one against the micro-benchmarks)."""
     lines = ["| target | model | strategy | measured (median, min–max over runs) | met |", "|---|---|---|---|---|"]
     measured = [r for r in rows if r["status"] == "measured" and not r["role"]]
     for what, strategies, names, check, limit in TARGETS:
@@ -254,6 +286,7 @@ def targets_table(rows: List[Dict[str, Any]]) -> str:
             ratio = row["summary"]["wall_s"]["median"] / reference["summary"]["wall_s"]["median"]
             lines.append(f"| py-deferred-full wall time ≤ 1.0× py-eager's | {row['model']} | {row['strategy']} | "
                          f"{ratio:.2f}× (medians) | {'yes' if ratio <= 1.0 else 'no'} |")
+    lines += micro_targets(list(micro))
     return "\n".join(lines)
 
 
@@ -480,7 +513,7 @@ def markdown(results: Dict[str, Any], plot_name: str) -> str:
         "within each run (recording and meta construction in the same process, seconds apart) and then "
         "summarized; the slice is the bytes the shard keeps.",
         "",
-        targets_table(rows),
+        targets_table(rows, results["micro"]),
         "",
         WHERE_THE_TIME_GOES,
         "",

@@ -8,6 +8,7 @@
 #include <c10/core/TensorOptions.h>
 #include <c10/util/Exception.h>
 
+#include <mutex>
 #include <sstream>
 #include <typeinfo>
 #include <utility>
@@ -49,7 +50,7 @@ FakeTensorImpl::FakeTensorImpl(at::Tensor meta, c10::Device device)
                         "torchdefer: a fake tensor's shadow must be a meta tensor");
   detail::install_stand_in_device_guard(device.type());
   sync_from_meta();
-  refresh_access_errors();
+  set_storage_access_should_throw();
 }
 
 const c10::StorageImpl* FakeTensorImpl::storage_identity() const {
@@ -64,17 +65,56 @@ void FakeTensorImpl::sync_from_meta() {
   refresh_numel();
   refresh_contiguous();
   if (resized) {
-    refresh_access_errors();
+    access_error_written_ = false;  // the message names the shape
   }
 }
 
-void FakeTensorImpl::refresh_access_errors() {
+// Note [The access error of a fake]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Reading a fake's data or storage fails in TensorImpl itself: storage() throws when
+// storage_access_should_throw_ is set, and every data pointer accessor throws when has_storage()
+// is false, each with the custom message kept in the TensorImpl's ExtraMeta if there is one.
+// Those throwing functions are private and not virtual, but both checks go through virtual
+// functions (storage() and has_storage() are TENSORIMPL_MAYBE_VIRTUAL, virtual unless a mobile
+// build defines C10_DISABLE_TENSORIMPL_EXTENSIBILITY, which LibTorch releases do not), so
+// the fake writes its message there, just before the check fails, and only when its shape changed
+// since it last wrote one. Formatting the message for every fake made (a stream, the dtype, the
+// sizes and the device) cost about a fifth of constructing a model under a FakeMode, for a
+// message that is almost never shown. The message is the same as when it was written at
+// creation and after each resize: it names the dtype, the sizes and the device, and of those only
+// the sizes change in place.
+void FakeTensorImpl::write_access_error() const {
+  if (access_error_written_.load(std::memory_order_acquire) || !meta_.defined()) {
+    return;
+  }
+  // Rare (an access that is about to fail), so one lock for all fakes.
+  static std::mutex writing;
+  const std::lock_guard<std::mutex> lock(writing);
+  if (access_error_written_.load(std::memory_order_relaxed)) {
+    return;
+  }
   std::ostringstream message;
   message << "Cannot access the data or storage of " << describe_impl(*this)
           << ": a fake tensor has shape, dtype and device but no storage. Materialize it before "
              "reading its data (data_ptr, item, storage, printing values); to print what it is, "
              "use torchdefer::describe(t) (Python: torchdefer.describe(t)).";
-  release_storage_and_set_meta_custom_data_ptr_error_msg_(message.str());
+  // The object is never const itself: only this accessor is.
+  const_cast<FakeTensorImpl*>(this)->release_storage_and_set_meta_custom_data_ptr_error_msg_(
+      message.str());
+  access_error_written_.store(true, std::memory_order_release);
+}
+
+bool FakeTensorImpl::has_storage() const {
+  const bool has = c10::TensorImpl::has_storage();
+  if (!has) {
+    write_access_error();
+  }
+  return has;
+}
+
+const c10::Storage& FakeTensorImpl::storage() const {
+  write_access_error();
+  return c10::TensorImpl::storage();
 }
 
 template <typename VersionCounter>
@@ -108,6 +148,7 @@ void FakeTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>
     meta_ = alias_of(fake->meta_);
     device_ = fake->device_;
     annotation_ = fake->annotation_;
+    access_error_written_ = false;
     return;
   }
   // A real tensor's metadata, storage and key set were copied: this tensor is real from now on.

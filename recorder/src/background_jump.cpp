@@ -10,16 +10,26 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 
 namespace torchdefer::detail {
 namespace {
 
-// Moves the default generator `draws` from `from`, the caller holding its mutex.
-void jump_locked(at::CPUGeneratorImpl* impl, const at::mt19937_data_pod& from, uint64_t draws) {
+// The JumpEnd of the jump the worker holds the default generator for, with no other jump queued
+// after it; null when the worker does not hold it. Written under the worker's mutex, read
+// without it by JumpEnd::held(): the worker clears it before it lets go of the generator, so
+// whoever locked the generator since (on this thread, or on one this thread synchronized with)
+// reads it cleared.
+std::atomic<const JumpEnd*> holding{nullptr};
+
+// Moves the default generator `draws` from `from` (from wherever it is when there is no `from`:
+// a jump queued after another while the worker held it), the caller holding its mutex.
+void jump_locked(at::CPUGeneratorImpl* impl, const std::optional<at::mt19937_data_pod>& from,
+                 uint64_t draws) {
   at::mt19937 engine = impl->engine();
-  if (!same_engine(engine.data(), from)) {
+  if (from && !same_engine(engine.data(), *from)) {
     return;  // moved since the recorder left it: the draws are moot
   }
   mt19937_discard(engine, draws);
@@ -32,21 +42,52 @@ void jump_now(const at::mt19937_data_pod& from, uint64_t draws) {
   jump_locked(at::check_generator<at::CPUGeneratorImpl>(generator), from, draws);
 }
 
-// The worker thread and the one job it may hold (Note [The jump in the background]).
+}  // namespace
+
+bool JumpEnd::held() const { return holding.load(std::memory_order_acquire) == this; }
+
+void JumpEnd::publish(at::Tensor state, const at::mt19937_data_pod& engine) {
+  state_ = std::move(state);
+  engine_ = engine;
+  made_.set_value();  // what state() and engine() wait for
+}
+
+namespace {
+
+// The worker thread, the jump it makes and the one that may be queued after it (Note [The jump in
+// the background], Note [A recording that starts during a jump]).
 class Worker {
  public:
   Worker() : thread_([this] { run(); }) {}
 
-  // Hands the jump over once the previous one is done; returns when the worker holds the
+  // Hands a jump from `from` over once the worker is idle; returns when the worker holds the
   // generator's mutex (or has already finished the jump).
   void hand_over(const at::mt19937_data_pod& from, uint64_t draws) {
     std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [&] { return phase_ == Phase::kIdle; });
-    from_ = from;
-    draws_ = draws;
-    phase_ = Phase::kHandedOver;
-    changed_.notify_all();
-    changed_.wait(lock, [&] { return phase_ != Phase::kHandedOver; });
+    start(lock, from, draws);
+  }
+
+  // Hands over a jump from where `after` leaves the generator: queued after it while the worker
+  // still holds the generator for it, else a jump from its state once the worker is idle.
+  void hand_over_after(const std::shared_ptr<const JumpEnd>& after, uint64_t draws) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return !queued_ || holding.load() != after.get(); });
+    if (holding.load() == after.get()) {
+      queued_ = Job{std::nullopt, draws, std::make_shared<JumpEnd>()};
+      holding = queued_->end.get();
+      return;
+    }
+    lock.unlock();
+    const at::mt19937_data_pod from = after->engine();  // made before it was let go
+    lock.lock();
+    start(lock, from, draws);
+  }
+
+  // The jump the worker holds the generator for now, if it does.
+  std::shared_ptr<const JumpEnd> held() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const std::shared_ptr<JumpEnd>& latest = queued_ ? queued_->end : job_.end;
+    return latest != nullptr && holding.load() == latest.get() ? latest : nullptr;
   }
 
   // Locks the worker with no jump pending: what a fork needs (released by the caller).
@@ -68,6 +109,21 @@ class Worker {
  private:
   enum class Phase { kIdle, kHandedOver, kJumping };
 
+  struct Job {
+    std::optional<at::mt19937_data_pod> from;  // none: right after the jump before it
+    uint64_t draws = 0;
+    std::shared_ptr<JumpEnd> end;
+  };
+
+  // Starts a jump once the worker is idle, and returns when it holds the generator's mutex.
+  void start(std::unique_lock<std::mutex>& lock, const at::mt19937_data_pod& from, uint64_t draws) {
+    changed_.wait(lock, [&] { return phase_ == Phase::kIdle; });
+    job_ = Job{from, draws, std::make_shared<JumpEnd>()};
+    phase_ = Phase::kHandedOver;
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return phase_ != Phase::kHandedOver; });
+  }
+
   void run() {
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     auto* impl = at::check_generator<at::CPUGeneratorImpl>(generator);
@@ -81,12 +137,26 @@ class Worker {
       }
       // The generator's mutex before our own: hand_over() waits on ours without holding it.
       std::unique_lock<std::mutex> generator_lock(generator.mutex());
+      Job job;
       {
         const std::lock_guard<std::mutex> lock(mutex_);
         phase_ = Phase::kJumping;
+        holding = job_.end.get();
+        job = job_;
         changed_.notify_all();  // deferred_init may return now
       }
-      jump_locked(impl, from_, draws_);
+      while (true) {
+        jump_locked(impl, job.from, job.draws);
+        job.end->publish(generator.get_state(), impl->engine().data());
+        const std::lock_guard<std::mutex> lock(mutex_);
+        if (!queued_) {
+          holding = nullptr;  // before the generator is let go (JumpEnd::held())
+          break;
+        }
+        job = job_ = std::move(*queued_);  // still held: nobody moved the generator since
+        queued_.reset();
+        changed_.notify_all();
+      }
       generator_lock.unlock();
       const std::lock_guard<std::mutex> lock(mutex_);
       phase_ = Phase::kIdle;  // only once the generator's mutex is free (a fork waits for this)
@@ -98,8 +168,8 @@ class Worker {
   std::condition_variable changed_;
   Phase phase_ = Phase::kIdle;
   bool stop_ = false;
-  at::mt19937_data_pod from_{};
-  uint64_t draws_ = 0;
+  Job job_;
+  std::optional<Job> queued_;
   std::thread thread_;  // last: starts once the members above exist
 };
 
@@ -187,11 +257,20 @@ void jump_default_generator_in_background(const at::mt19937_data_pod& from, uint
   w->hand_over(from, draws);
 }
 
-void wait_for_background_jump() {
+void jump_default_generator_in_background(const std::shared_ptr<const JumpEnd>& after,
+                                          uint64_t draws) {
   const std::lock_guard<std::mutex> lock(worker_mutex());
-  if (worker != nullptr) {
-    worker->idle();
+  Worker* w = running_worker();
+  if (w == nullptr) {
+    jump_now(after->engine(), draws);
+    return;
   }
+  w->hand_over_after(after, draws);
+}
+
+std::shared_ptr<const JumpEnd> held_jump() {
+  const std::lock_guard<std::mutex> lock(worker_mutex());
+  return worker == nullptr ? nullptr : worker->held();
 }
 
 }  // namespace torchdefer::detail

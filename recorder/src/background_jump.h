@@ -4,8 +4,12 @@
 #pragma once
 
 #include <ATen/core/MT19937RNGEngine.h>
+#include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstdint>
+#include <future>
+#include <memory>
 
 namespace torchdefer::detail {
 
@@ -41,15 +45,77 @@ namespace torchdefer::detail {
 // generator mutex held by a thread it does not have: the fork waits for the jump first
 // (pthread_atfork), and the child starts its own worker when it needs one. At exit, the worker is
 // stopped and joined before the default generator is destroyed. A recording that starts while a
-// jump is pending waits for it when it first reads the generator (its counter seed is a digest of
-// the generator's state, Note [Counter RNG]).
+// jump is pending does not wait for it (Note [A recording that starts during a jump]).
+
+// Note [A recording that starts during a jump]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Back-to-back deferred_init calls (a script that builds several models, a benchmark) start a
+// recording while the previous one's jump is still being made. That recording reads the generator
+// three times: its counter seed (a digest of the generator's state, Note [Counter RNG]), the
+// anchor its first random op is placed from, and, before every later random op, whether anyone
+// moved the generator since (Note [Torch-mode draw offsets]). Each would wait for the jump, and
+// a recording of one Linear(4096, 4096) spent four fifths of its time waiting. None of them needs
+// to, while the worker holds the generator's mutex: nobody can move the generator then, so its
+// state, as anyone who locks it next would read it, is the one the jump leaves, and that is
+// known, only not yet computed. So every jump publishes where it leaves the generator (a JumpEnd:
+// the full state, read by the worker before it lets go of the mutex), and a recording that starts
+// while the worker holds the generator takes that JumpEnd for what it reads:
+//  - the counter seed is the digest of the JumpEnd's state, computed when a counter-mode replay
+//    first asks for it;
+//  - the first random op's anchor is the JumpEnd's state, read when a torch-mode replay or a value
+//    read first needs it;
+//  - "nobody moved it since" holds without a look for as long as the worker still holds the
+//    generator for that jump (JumpEnd::held(), one atomic load);
+//  - the recording's own draws are handed to the worker as a jump that follows the pending one
+//    without letting go of the mutex in between, so that deferred_init returns without waiting
+//    either (the caller waits only when a second jump is already queued).
+// Anything else (a draw the recorder does not place, an exact_generator, a chain that ends owing
+// the generator) reads the JumpEnd's state, waiting for the jump, and goes on as before. Seeds,
+// anchors and the generator's final state are bitwise the ones the recording would have read by
+// waiting: it reads the same state, only later.
+
+// Where a jump handed to the worker leaves the default CPU generator.
+class JumpEnd {
+ public:
+  JumpEnd() : ready_(made_.get_future().share()) {}
+
+  // The generator's full state (get_state()) and its engine right after the jump; they wait for
+  // it, which the worker makes before it lets go of the generator.
+  const at::Tensor& state() const {
+    ready_.wait();
+    return state_;
+  }
+  const at::mt19937_data_pod& engine() const {
+    ready_.wait();
+    return engine_;
+  }
+
+  // Whether the worker still holds the generator's mutex for this jump, with no other jump
+  // queued after it: nobody has moved the generator since this jump was handed over, or can.
+  bool held() const;
+
+  // Called once by the worker when it made the jump, holding the generator's mutex.
+  void publish(at::Tensor state, const at::mt19937_data_pod& engine);
+
+ private:
+  std::promise<void> made_;
+  std::shared_future<void> ready_;
+  at::Tensor state_;
+  at::mt19937_data_pod engine_{};
+};
 
 // Moves the default CPU generator `draws` words along, as mt19937_discard() would, if it is still
 // `from`; on a worker thread that holds the generator's mutex from before this returns until the
 // generator is moved. Jumps here, on the caller's thread, if no worker can be started.
 void jump_default_generator_in_background(const at::mt19937_data_pod& from, uint64_t draws);
 
-// Waits until no jump is pending: the default generator is where the last one leaves it.
-void wait_for_background_jump();
+// Moves the default CPU generator `draws` words along from where the jump `after` leaves it: on
+// the worker, right after that jump if the worker still holds the generator for it, else from
+// its state if the generator is still there.
+void jump_default_generator_in_background(const std::shared_ptr<const JumpEnd>& after,
+                                          uint64_t draws);
+
+// The jump the worker holds the default generator for now, if it does (JumpEnd::held()).
+std::shared_ptr<const JumpEnd> held_jump();
 
 }  // namespace torchdefer::detail

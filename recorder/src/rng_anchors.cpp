@@ -63,6 +63,12 @@ std::shared_ptr<RngAnchor> RngAnchor::known(at::Tensor state) {
   return anchor;
 }
 
+std::shared_ptr<RngAnchor> RngAnchor::known_later(std::shared_future<at::Tensor> state) {
+  auto anchor = std::make_shared<RngAnchor>();
+  anchor->later_ = std::move(state);
+  return anchor;
+}
+
 std::shared_ptr<RngAnchor> RngAnchor::after(std::shared_ptr<RngAnchor> base, uint64_t offset,
                                             std::optional<RecordedNode> sampler,
                                             const at::Tensor& sampler_target) {
@@ -85,6 +91,11 @@ at::Tensor RngAnchor::state() {
   if (state_.defined()) {
     return state_;
   }
+  if (later_.valid()) {
+    state_ = later_.get();
+    later_ = {};
+    return state_;
+  }
   const at::Tensor start = base_->state();
   detail::GeneratorLoan loan;
   place_default_generator(start, offset_);
@@ -98,7 +109,7 @@ at::Tensor RngAnchor::state() {
 
 bool RngAnchor::resolved() const {
   const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
-  return state_.defined();
+  return state_.defined() || later_.valid();  // a state known later needs nothing computed
 }
 
 void RngAnchor::offer(const at::Tensor& state) {

@@ -18,6 +18,7 @@
 #include <c10/util/flat_hash_map.h>
 
 #include <cstring>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string_view>
@@ -31,7 +32,10 @@ struct Chain {
   int64_t anchor = -1;
   uint64_t offset = 0;              // draws placed since the anchor
   uint64_t unapplied = 0;           // of those, not yet applied to the generator
-  at::mt19937_data_pod expected{};  // the engine as the chain last left it
+  at::mt19937_data_pod expected{};  // the engine as the chain last left it, unless `after_jump`
+  // The chain started while the worker held the generator for this jump, which leaves the
+  // generator where `expected` is then (Note [A recording that starts during a jump]).
+  std::shared_ptr<const JumpEnd> after_jump;
   // The anchor is lazy or continues from one (Note [Lazy RNG anchors]): the draws cannot be
   // applied until it is resolved, and the chain ends as the owed generator.
   bool lazy = false;
@@ -54,6 +58,16 @@ enum class Apply { kNow, kInBackground };
 // over costs.
 constexpr uint64_t kShortestBackgroundJump = uint64_t{1} << 16;
 
+// The engine as the chain last left it; waits for the jump the chain started after, if it has not
+// read where that leaves the generator yet.
+const at::mt19937_data_pod& expected_engine() {
+  if (chain.after_jump != nullptr) {
+    chain.expected = chain.after_jump->engine();
+    chain.after_jump.reset();
+  }
+  return chain.expected;
+}
+
 // Applies the chain's unapplied draws, unless someone moved the generator in the meantime (a
 // reseed makes them moot, as it would have in eager). In the background, the chain's `expected`
 // is not known afterwards: only for a chain that ends.
@@ -61,14 +75,21 @@ void apply_unapplied(Apply how = Apply::kNow) {
   if (chain.unapplied == 0) {
     return;
   }
+  if (how == Apply::kInBackground && chain.after_jump != nullptr) {
+    // Queued after the jump the chain started from, whatever its length: no wait for that jump.
+    jump_default_generator_in_background(chain.after_jump, chain.unapplied);
+    chain.unapplied = 0;
+    return;
+  }
   if (how == Apply::kInBackground && chain.unapplied >= kShortestBackgroundJump) {
     jump_default_generator_in_background(chain.expected, chain.unapplied);
     chain.unapplied = 0;
     return;
   }
-  with_default_generator([](at::Generator&, at::CPUGeneratorImpl* impl) {
+  const at::mt19937_data_pod& expected = expected_engine();
+  with_default_generator([&](at::Generator&, at::CPUGeneratorImpl* impl) {
     at::mt19937 engine = impl->engine();
-    if (same_engine(engine.data(), chain.expected)) {
+    if (same_engine(engine.data(), expected)) {
       mt19937_discard(engine, chain.unapplied);
       impl->set_engine(engine);
     }
@@ -80,12 +101,27 @@ void apply_unapplied(Apply how = Apply::kNow) {
 void settle_chain(Apply how);
 
 bool generator_moved() {
-  return with_default_generator([](at::Generator&, at::CPUGeneratorImpl* impl) {
-    return !same_engine(impl->engine().data(), chain.expected);
+  if (chain.after_jump != nullptr && chain.after_jump->held()) {
+    return false;  // nobody can have moved it: the worker holds it
+  }
+  const at::mt19937_data_pod& expected = expected_engine();
+  return with_default_generator([&](at::Generator&, at::CPUGeneratorImpl* impl) {
+    return !same_engine(impl->engine().data(), expected);
   });
 }
 
+// The state where a jump leaves the generator, when first needed.
+std::shared_future<at::Tensor> state_after(const std::shared_ptr<const JumpEnd>& jump) {
+  return std::async(std::launch::deferred, [jump] { return jump->state(); }).share();
+}
+
 int64_t anchor_here(OpGraph& graph) {
+  if (std::shared_ptr<const JumpEnd> jump = held_jump()) {
+    chain.after_jump = jump;
+    const auto lock = graph.lock();
+    return graph.add_rng_anchor(RngAnchor::known_later(state_after(jump)));
+  }
+  chain.after_jump.reset();
   at::Tensor state =
       with_default_generator([&](at::Generator& generator, at::CPUGeneratorImpl* impl) {
         chain.expected = impl->engine().data();
@@ -444,15 +480,27 @@ RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const Rec
   return draws;
 }
 
-uint64_t default_generator_digest() {
-  const at::Tensor state = with_default_generator(
-      [](at::Generator& generator, at::CPUGeneratorImpl*) { return generator.get_state(); });
+namespace {
+
+uint64_t digest(const at::Tensor& state) {
   const auto* bytes = state.data_ptr<uint8_t>();
   uint64_t hash = 0xcbf29ce484222325ull;
   for (int64_t i = 0; i < state.numel(); ++i) {
     hash = (hash ^ bytes[i]) * 0x100000001b3ull;
   }
   return hash;
+}
+
+}  // namespace
+
+std::shared_future<uint64_t> default_generator_digest() {
+  if (std::shared_ptr<const JumpEnd> jump = held_jump()) {
+    return std::async(std::launch::deferred, [jump] { return digest(jump->state()); }).share();
+  }
+  std::promise<uint64_t> now;
+  now.set_value(digest(with_default_generator(
+      [](at::Generator& generator, at::CPUGeneratorImpl*) { return generator.get_state(); })));
+  return now.get_future().share();
 }
 
 namespace {
@@ -470,8 +518,9 @@ void settle_chain(Apply how) {
       const auto lock = chain.graph->lock();
       anchor = chain.graph->rng_anchor(chain.anchor);
     }
-    set_generator_debt(GeneratorDebt{anchor, chain.offset, chain.expected, chain.graph->context(),
-                                     anchor->pending_samplers(), chain.graph, chain.anchor});
+    set_generator_debt(GeneratorDebt{anchor, chain.offset, expected_engine(),
+                                     chain.graph->context(), anchor->pending_samplers(),
+                                     chain.graph, chain.anchor});
   } else {
     apply_unapplied(how);
   }

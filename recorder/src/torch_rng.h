@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <future>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -86,8 +87,9 @@ RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const Rec
                                 bool in_recording_scope);
 
 // A 64-bit digest (FNV-1a) of the default CPU generator's full state: the counter RNG seed of a
-// recording, so that re-seeding and recording the same program gives the same recording.
-uint64_t default_generator_digest();
+// recording, so that re-seeding and recording the same program gives the same recording. Computed
+// when first asked for if a jump is being made (Note [A recording that starts during a jump]).
+std::shared_future<uint64_t> default_generator_digest();
 
 // Applies pending draws to the default generator, or leaves it owed when they follow a lazy
 // anchor, and forgets the chain: the recording scope ends.

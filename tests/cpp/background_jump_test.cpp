@@ -226,5 +226,129 @@ TEST(BackgroundJump, ExactGeneratorLeavesItExactEvenForReadersThatDoNotLock) {
   }
 }
 
+// Note [A recording that starts during a jump]: a recording that starts right after another
+// deferred_init returned reads, without waiting, what it would have read after the jump.
+
+// The parameters of `module`, materialized in `mode`: in counter RNG mode the recording's counter
+// seed decides every bit, in torch RNG mode its anchors do.
+std::vector<at::Tensor> materialized(const std::shared_ptr<torch::nn::Module>& module,
+                                     RngMode mode) {
+  materialize_module(*module, MaterializeOptions().rng(mode));
+  return module->parameters();
+}
+
+void expect_bitwise_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b,
+                          const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(bitwise_equal(a[i], b[i])) << what << ": tensor " << i;
+  }
+}
+
+// Whether the second recording starts before the first one's jump is done depends on the
+// scheduler; each pair is recorded a few times so that it does, most of those times.
+TEST(BackgroundJump, ARecordingRightAfterAnotherGivesTheSeedsAndValuesOfOneMadeAfterTheJump) {
+  const std::vector<Model> all = models();
+  for (size_t i = 0; i < all.size(); ++i) {
+    const Model& first = all[i];
+    const Model& second = all[(i + 1) % all.size()];
+    for (const RngMode mode : {RngMode::kCounter, RngMode::kTorch}) {
+      const std::string what = first.name + " then " + second.name +
+                               (mode == RngMode::kCounter ? " (counter)" : " (torch)");
+      torch::manual_seed(31);
+      auto before_waiting = deferred(first);
+      locked_state();  // waits for the jump
+      auto after_waiting = deferred(second);
+      const at::Tensor generator_after = locked_state();
+      const std::vector<at::Tensor> expected = materialized(after_waiting, mode);
+      for (int repeat = 0; repeat < 3; ++repeat) {
+        torch::manual_seed(31);
+        auto a = deferred(first);
+        auto right_after = deferred(second);
+        EXPECT_TRUE(bitwise_equal(locked_state(), generator_after)) << what;
+        expect_bitwise_equal(materialized(right_after, mode), expected, what);
+      }
+    }
+  }
+}
+
+TEST(BackgroundJump, BackToBackRecordingsGiveEagersValuesAndGenerator) {
+  torch::manual_seed(32);
+  std::vector<std::shared_ptr<torch::nn::Module>> eager;
+  for (int i = 0; i < 6; ++i) {
+    eager.push_back(torch::nn::Linear(4096, 512 * (i + 1)).ptr());
+  }
+  const at::Tensor eager_state = locked_state();
+  torch::manual_seed(32);
+  std::vector<std::shared_ptr<torch::nn::Module>> modules;
+  for (int i = 0; i < 6; ++i) {
+    modules.push_back(deferred_init([i] { return torch::nn::Linear(4096, 512 * (i + 1)).ptr(); }));
+  }
+  EXPECT_TRUE(bitwise_equal(locked_state(), eager_state));
+  for (size_t i = 0; i < modules.size(); ++i) {
+    materialize_module(*modules[i]);
+    const auto expected = eager[i]->named_parameters();
+    for (const auto& parameter : modules[i]->named_parameters()) {
+      EXPECT_TRUE(bitwise_equal(parameter.value(), expected[parameter.key()]))
+          << "recording " << i << ": " << parameter.key();
+    }
+  }
+  EXPECT_TRUE(bitwise_equal(locked_state(), eager_state));
+}
+
+TEST(BackgroundJump, AManualSeedBetweenBackToBackRecordingsIsSeen) {
+  for (const Model& model : models()) {
+    torch::manual_seed(33);
+    model.build();
+    const at::Tensor eager_state = locked_state();
+    for (const RngMode mode : {RngMode::kCounter, RngMode::kTorch}) {
+      torch::manual_seed(33);
+      const std::vector<at::Tensor> expected = materialized(deferred(model), mode);
+      torch::manual_seed(34);
+      auto first = deferred(model);
+      torch::manual_seed(33);
+      auto second = deferred(model);
+      EXPECT_TRUE(bitwise_equal(locked_state(), eager_state)) << model.name;
+      expect_bitwise_equal(materialized(second, mode), expected, model.name);
+    }
+  }
+}
+
+TEST(BackgroundJump, AManualSeedInsideARecordingThatStartedDuringAJumpIsSeen) {
+  const auto build = [] {
+    auto first = torch::nn::Linear(1024, 1024);
+    torch::manual_seed(36);
+    auto second = torch::nn::Linear(1024, 1024);
+    return torch::nn::Sequential(first, second).ptr();
+  };
+  torch::manual_seed(35);
+  torch::nn::Linear(4096, 4096);
+  auto eager = build();
+  const at::Tensor eager_state = locked_state();
+  const auto expected = eager->named_parameters();
+  for (int repeat = 0; repeat < 10; ++repeat) {  // as in the test above
+    torch::manual_seed(35);
+    auto before = deferred_init<torch::nn::Linear>(4096, 4096);
+    auto module = deferred_init(build);
+    EXPECT_TRUE(bitwise_equal(locked_state(), eager_state));
+    materialize_module(*module);
+    for (const auto& parameter : module->named_parameters()) {
+      EXPECT_TRUE(bitwise_equal(parameter.value(), expected[parameter.key()])) << parameter.key();
+    }
+  }
+}
+
+TEST(BackgroundJump, ExactGeneratorRightAfterAnotherRecordingLeavesItExact) {
+  torch::manual_seed(37);
+  torch::nn::Linear(4096, 4096);
+  torch::nn::Linear(2048, 2048);
+  const at::Tensor eager = locked_state();
+  torch::manual_seed(37);
+  auto first = deferred_init<torch::nn::Linear>(4096, 4096);
+  auto second = deferred_init(DeferredInitOptions().exact_generator(true),
+                              [] { return torch::nn::Linear(2048, 2048).ptr(); });
+  EXPECT_TRUE(bitwise_equal(at::detail::getDefaultCPUGenerator().get_state(), eager));
+}
+
 }  // namespace
 }  // namespace torchdefer

@@ -427,5 +427,41 @@ TEST(FakeTensorErrors, ShapeErrorsAreTheRealKernelsErrors) {
   EXPECT_THAT(message, HasSubstr("cannot be multiplied"));
 }
 
+// Note [The access error of a fake]: the message is written when an access fails, not when the
+// fake is made; it is the same message, naming the fake's shape at the time of the access.
+TEST(FakeTensorErrors, DataAndStorageAccessThrowTheWholeMessage) {
+  FakeMode fake(at::kCUDA);
+  at::Tensor w = torch::empty({4, 4});
+  const std::string expected =
+      "Cannot access the data or storage of fake Float[4, 4] on cuda:0: a fake tensor has shape, "
+      "dtype and device but no storage. Materialize it before reading its data (data_ptr, item, "
+      "storage, printing values); to print what it is, use torchdefer::describe(t) (Python: "
+      "torchdefer.describe(t)).";
+  EXPECT_THAT(error_of([&] { return w.storage(); }), ::testing::StartsWith(expected));
+  EXPECT_THAT(error_of([&] { return w.data_ptr(); }), ::testing::StartsWith(expected));
+  EXPECT_THAT(error_of([&] { return w.const_data_ptr(); }), ::testing::StartsWith(expected));
+  EXPECT_FALSE(w.has_storage());
+}
+
+TEST(FakeTensorErrors, AnAccessAfterAResizeNamesTheNewShape) {
+  FakeMode fake;
+  at::Tensor t = torch::empty({2, 3});
+  EXPECT_THAT(error_of([&] { return t.data_ptr(); }), HasSubstr("fake Float[2, 3] on cpu"));
+  t.resize_({5, 7});
+  EXPECT_THAT(error_of([&] { return t.data_ptr(); }), HasSubstr("fake Float[5, 7] on cpu"));
+  EXPECT_THAT(error_of([&] { return t.storage(); }), HasSubstr("fake Float[5, 7] on cpu"));
+}
+
+TEST(FakeTensorErrors, DetachedCopiesAndViewsNameTheirOwnShape) {
+  FakeMode fake;
+  at::Tensor t = torch::empty({2, 3});
+  EXPECT_THAT(error_of([&] { return t.data_ptr(); }), HasSubstr("fake Float[2, 3]"));
+  at::Tensor detached = t.detach();
+  detached.resize_({4});
+  EXPECT_THAT(error_of([&] { return detached.data_ptr(); }), HasSubstr("fake Float[4] on cpu"));
+  EXPECT_THAT(error_of([&] { return t.data_ptr(); }), HasSubstr("fake Float[2, 3] on cpu"));
+  EXPECT_THAT(error_of([&] { return t[1].storage(); }), HasSubstr("fake Float[3] on cpu"));
+}
+
 }  // namespace
 }  // namespace torchdefer

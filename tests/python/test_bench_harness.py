@@ -200,3 +200,26 @@ def test_hf_floor_splits_deferred_init_into_the_recording_scope_the_mode_and_the
     per_call = hf_floor.per_call(side=8)
     assert set(per_call["nn.init.normal_"]) == {"meta", "recorded, no mode", "recorded"}
     assert all(us > 0 for costs in per_call.values() for us in costs.values())
+
+
+def test_the_cpp_recording_target_compares_the_medians_of_the_micro_benchmarks(tmp_path):
+    def repetitions(name, times):
+        runs = [dict(name=f"{name}/real_time", run_name=f"{name}/real_time", run_type="iteration",
+                     repetition_index=i, real_time=t, cpu_time=t, time_unit="ms") for i, t in enumerate(times)]
+        median = dict(name=f"{name}/real_time_median", run_type="aggregate", aggregate_name="median",
+                      real_time=sorted(times)[len(times) // 2], cpu_time=0, time_unit="ms")
+        return runs + [median]
+
+    def row(recorded, fake):
+        source = tmp_path / "micro.json"
+        source.write_text(json.dumps(dict(context={}, benchmarks=repetitions(
+            "BM_Record/deferred_init/llama3-70b", recorded) + repetitions("BM_Record/fake_mode/llama3-70b", fake))))
+        return report.targets_table([], report.load_micro([str(source)])).splitlines()[-1]
+
+    assert row([6.0, 9.0, 5.0], [5.0, 4.0, 6.0]) == (
+        "| C++ Llama: recording (`deferred_init`) time ≤ 1.1× construction under a `FakeMode` | llama3-70b | "
+        "`BM_Record/deferred_init/llama3-70b` vs `BM_Record/fake_mode/llama3-70b` | 1.20× (medians of 3 and 3 "
+        "repetitions: 6 ms vs 5 ms) | no |")
+    assert row([5.3, 5.4, 5.6], [5.0, 5.1, 4.9]).endswith("| 1.08× (medians of 3 and 3 repetitions: 5.4 ms vs 5 ms) | yes |")
+    # Without both benchmarks there is no row.
+    assert "C++ Llama" not in report.targets_table([], report.load_micro([str(FIXTURE)]))

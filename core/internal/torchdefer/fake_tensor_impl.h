@@ -6,6 +6,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/TensorImpl.h>
 
+#include <atomic>
 #include <memory>
 
 namespace torchdefer {
@@ -25,7 +26,8 @@ namespace torchdefer {
 // identity as writes to the base, which is what the recorder's write histories key on.
 //
 // The fake's own `storage_` stays empty, and storage/data access throws a message that names the
-// tensor (TensorImpl's custom error-message hook). A FakeTensorImpl can turn real in place:
+// tensor (TensorImpl's custom error-message hook, Note [The access error of a fake]). A
+// FakeTensorImpl can turn real in place:
 // shallow_copy_from() a real TensorImpl takes over that tensor's storage, drops kFakeKey and the
 // shadow, and from then on this object behaves exactly like a plain TensorImpl, so every
 // at::Tensor and module member that holds it sees the real tensor.
@@ -72,6 +74,11 @@ class FakeTensorImpl final : public c10::TensorImpl {
       c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const override;
   void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
 
+  // Where a data or storage access of a fake fails: they write the message first (Note [The
+  // access error of a fake]).
+  bool has_storage() const override;
+  const c10::Storage& storage() const override;
+
  protected:
   const char* tensorimpl_type_name() const override { return "torchdefer::FakeTensorImpl"; }
 
@@ -79,11 +86,13 @@ class FakeTensorImpl final : public c10::TensorImpl {
   template <typename VersionCounter>
   c10::intrusive_ptr<c10::TensorImpl> detached_copy(VersionCounter&& version_counter,
                                                     bool allow_tensor_metadata_change) const;
-  void refresh_access_errors();
+  void write_access_error() const;
 
   at::Tensor meta_;
   c10::Device device_;
   std::shared_ptr<const FakeAnnotation> annotation_;
+  // Whether TensorImpl's custom error messages describe this fake as it is now.
+  mutable std::atomic<bool> access_error_written_{false};
 };
 
 // The FakeTensorImpl behind `t`, or nullptr if `t` is not a fake.

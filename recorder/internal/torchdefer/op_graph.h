@@ -13,6 +13,7 @@
 #include <c10/util/flat_hash_map.h>
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -107,8 +108,10 @@ struct RngAnchor;
 class OpGraph {
  public:
   // `context` names what was being constructed, for error messages ("torch::nn::LinearImpl").
-  // `counter_seed` is the counter RNG seed of this recording (Note [Counter RNG]).
-  OpGraph(std::string context, uint64_t counter_seed);
+  // `counter_seed` is the counter RNG seed of this recording (Note [Counter RNG]), ready when
+  // first asked for (Note [A recording that starts during a jump] in
+  // recorder/src/background_jump.h).
+  OpGraph(std::string context, std::shared_future<uint64_t> counter_seed);
   ~OpGraph();
   OpGraph(const OpGraph&) = delete;
   OpGraph& operator=(const OpGraph&) = delete;
@@ -156,7 +159,7 @@ class OpGraph {
   }
 
   // The counter RNG seed: a digest of the default generator's state when recording began.
-  uint64_t counter_seed() const { return counter_seed_; }
+  uint64_t counter_seed() const { return counter_seed_.get(); }
 
   // The real storage that a committed replay materialized `storage` into, while it lives, so that
   // every later fake viewing it (a tied weight, a view registered as a buffer) shares it; null
@@ -184,7 +187,7 @@ class OpGraph {
   ska::flat_hash_map<const c10::StorageImpl*, int64_t> storage_index_;
   std::vector<std::shared_ptr<RngAnchor>> rng_anchors_;
   uint64_t random_ops_ = 0;
-  const uint64_t counter_seed_;
+  const std::shared_future<uint64_t> counter_seed_;
   std::mutex mutex_;
 };
 

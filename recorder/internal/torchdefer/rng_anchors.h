@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,6 +40,9 @@ namespace torchdefer {
 struct RngAnchor {
   // Known: a full state of the default CPU generator (get_state()).
   static std::shared_ptr<RngAnchor> known(at::Tensor state);
+  // Known once `state` is ready, with nothing to compute: where a jump still being made leaves
+  // the generator (Note [A recording that starts during a jump] in recorder/src/background_jump.h).
+  static std::shared_ptr<RngAnchor> known_later(std::shared_future<at::Tensor> state);
   // Lazy: `offset` draws after `base`, and then `sampler` (if any) run on scratch.
   static std::shared_ptr<RngAnchor> after(std::shared_ptr<RngAnchor> base, uint64_t offset,
                                           std::optional<RecordedNode> sampler,
@@ -55,6 +59,7 @@ struct RngAnchor {
 
  private:
   at::Tensor state_;
+  std::shared_future<at::Tensor> later_;
   std::shared_ptr<RngAnchor> base_;
   uint64_t offset_ = 0;
   std::optional<RecordedNode> sampler_;
