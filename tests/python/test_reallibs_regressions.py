@@ -175,3 +175,20 @@ def test_running_statistics_updated_while_building_equal_eager():
 
 def test_running_statistics_updated_while_building_shard_like_the_full_counter_model():
     _assert_shards_like_the_full_counter_model(_BatchNormForwardWhileBuilding, world=3)
+
+
+class _UnsqueezedParameters(torch.nn.Module):
+    """normflows' ActNorm and AffineConstFlow hold `nn.Parameter(torch.zeros(shape)[None])`: a
+    view that inserts a size-1 dimension, which torch.chunk over more than one rank leaves empty
+    on every rank but the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.shift = torch.nn.Parameter(torch.zeros(4)[None])
+        self.scale = torch.nn.Parameter(torch.randn(3, 4).unsqueeze(0))
+        self.flat = torch.nn.Parameter(torch.randn(4).view(1, 4))
+
+
+@pytest.mark.parametrize("world", [2, 3, 7])
+def test_parameters_viewed_with_an_inserted_dimension_shard_like_the_full_counter_model(world):
+    _assert_shards_like_the_full_counter_model(_UnsqueezedParameters, world=world)
