@@ -176,6 +176,9 @@ PYBIND11_MODULE(_C, m) {
       .def("__enter__", &RecordingContext::enter)
       .def("__exit__", [](RecordingContext& self, py::args) { self.exit(); });
 
+  m.def("_settle_default_generator", &settle_default_generator,
+        "Applies this thread's recorded draws to the default CPU generator now.");
+
   py::class_<FakeModeContext>(m, "_FakeMode")
       .def(py::init<std::optional<c10::Device>>())
       .def("__enter__", &FakeModeContext::enter)

@@ -46,7 +46,8 @@ if torch.__version__.split("+")[0] != _BUILT_FOR_TORCH:
 
 from torchdefer import _C  # noqa: E402  (after the check: a mismatched _C may not even load)
 from torchdefer._C import Shard
-from torchdefer import _after_return, _checkpoint, _dtensor, _guard, _recording, _returned
+from torchdefer import _after_return, _checkpoint, _dtensor, _generator_state, _guard
+from torchdefer import _recording, _returned
 from torchdefer._context import deferred
 
 __all__ = [
@@ -160,7 +161,8 @@ def deferred_init(
             f"{type(module_cls_or_callable).__name__}"
         )
     name = getattr(module_cls_or_callable, "__qualname__", repr(module_cls_or_callable))
-    with _recording.mode(), _C._RecordingScope(name, exact_generator):
+    with _recording.mode(), _generator_state.settled_on_access(), \
+            _C._RecordingScope(name, exact_generator):
         result = module_cls_or_callable(*args, **kwargs)
     # Guarded, remembered for DTensors, handed out: Note [One walk over a returned module].
     _returned.settle(result)

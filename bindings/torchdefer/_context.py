@@ -50,7 +50,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch.nn.modules import module as _nn_module
 
-from torchdefer import _C, _recording, _returned
+from torchdefer import _C, _generator_state, _recording, _returned
 
 # The deferred() blocks open on this thread, innermost last.
 _open_blocks = threading.local()
@@ -177,6 +177,7 @@ class deferred:
             )
         with contextlib.ExitStack() as opening:
             self._mode = opening.enter_context(_recording.mode())
+            opening.enter_context(_generator_state.settled_on_access())
             opening.enter_context(_C._RecordingScope(self._name, self._exact_generator))
             _hooks_for_one_more_block()
             opening.callback(_hooks_for_one_block_less)

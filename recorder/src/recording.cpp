@@ -613,6 +613,8 @@ at::Tensor read_values(const at::Tensor& t) {
   return reader->read(t);
 }
 
+void settle_default_generator() { detail::settle_generator_exactly(); }
+
 namespace detail {
 
 void deferred_init_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,

@@ -98,6 +98,13 @@ bool reshapes_whole_base(const RecordedValue& view, const RecordedValue& base) {
 // the region at a coordinate outside it: an index error, or a negative start that silently
 // wraps to the wrong element.
 
+// Note [Empty boxes]
+// ~~~~~~~~~~~~~~~~~~
+// A trailing rank's chunk can be empty (torch.chunk of a size-1 dimension over two ranks). Its
+// box holds no element, so nothing is computed for it. Mapping it through its view would be
+// wrong besides: a dimension the view inserted (`zeros(4)[None]`, `unsqueeze(0)`) has no base
+// dimension, so to_base() cannot carry its emptiness, and the part would come back whole.
+
 // The part of view box `view_box` (view coordinates) inside base region `region`, in view
 // coordinates; nullopt if they do not meet.
 std::optional<Box> intersect(const BoxView& view, const Box& view_box, const Box& region) {
@@ -274,6 +281,9 @@ std::optional<at::Tensor> RegionReplay::local(int64_t value, const Box& box) {
 std::optional<at::Tensor> RegionReplay::local_before(int64_t value_index, const Box& box,
                                                      int64_t before) {
   const RecordedValue& value = graph_->values()[value_index];
+  if (c10::multiply_integers(box.sizes()) == 0) {
+    return allocate(box, value);  // Note [Empty boxes]
+  }
   const RecordedStorage& storage = graph_->storages()[value.storage];
   if (storage.base_value < 0) {
     fail("a tensor this recording did not create");

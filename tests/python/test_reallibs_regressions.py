@@ -175,3 +175,89 @@ def test_running_statistics_updated_while_building_equal_eager():
 
 def test_running_statistics_updated_while_building_shard_like_the_full_counter_model():
     _assert_shards_like_the_full_counter_model(_BatchNormForwardWhileBuilding, world=3)
+
+
+class _UnsqueezedParameters(torch.nn.Module):
+    """normflows' ActNorm and AffineConstFlow hold `nn.Parameter(torch.zeros(shape)[None])`: a
+    view that inserts a size-1 dimension, which torch.chunk over more than one rank leaves empty
+    on every rank but the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.shift = torch.nn.Parameter(torch.zeros(4)[None])
+        self.scale = torch.nn.Parameter(torch.randn(3, 4).unsqueeze(0))
+        self.flat = torch.nn.Parameter(torch.randn(4).view(1, 4))
+
+
+@pytest.mark.parametrize("world", [2, 3, 7])
+def test_parameters_viewed_with_an_inserted_dimension_shard_like_the_full_counter_model(world):
+    _assert_shards_like_the_full_counter_model(_UnsqueezedParameters, world=world)
+
+
+def _saves_and_restores_by_hand():
+    module = torch.nn.Module()
+    state = torch.get_rng_state()
+    module.first = torch.nn.Linear(4, 4)
+    torch.set_rng_state(state)  # the same draws again
+    module.again = torch.nn.Linear(4, 4)
+    return module
+
+
+def _forks_without_reseeding():
+    module = torch.nn.Module()
+    module.before = torch.nn.Linear(4, 4)
+    with torch.random.fork_rng():
+        module.inside = torch.nn.Linear(4, 4)
+    module.after = torch.nn.Linear(4, 4)  # from where `inside` started
+    return module
+
+
+def _isolates_a_seeded_build():
+    """NequIP's model builder: Lightning's isolate_rng() saves the generator, the model is built
+    from its own seed, and the caller's generator is restored afterwards."""
+    module = torch.nn.Module()
+    module.caller = torch.nn.Linear(4, 4)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(123)
+    module.seeded = torch.nn.Linear(4, 4)
+    torch.random.set_rng_state(state)
+    module.after = torch.nn.Linear(4, 4)
+    return module
+
+
+def _reseeds_with_the_first_seed():
+    module = torch.nn.Module()
+    module.first = torch.nn.Linear(4, 4)
+    torch.manual_seed(0)  # the seed the test starts from: the same weights again
+    module.again = torch.nn.Linear(4, 4)
+    return module
+
+
+def _keeps_the_generator_state():
+    module = torch.nn.Linear(4, 4)
+    module.register_buffer("rng_state", torch.get_rng_state())
+    return module
+
+
+@pytest.mark.parametrize("build", [_saves_and_restores_by_hand, _forks_without_reseeding,
+                                   _isolates_a_seeded_build, _reseeds_with_the_first_seed,
+                                   _keeps_the_generator_state])
+def test_the_generator_state_read_or_set_while_recording_is_eagers(build):
+    _assert_bitwise_like_eager(build)  # the values, and the generator after materializing
+    torch.manual_seed(0)
+    build()
+    eager_rng = torch.get_rng_state()
+    torch.manual_seed(0)
+    torchdefer.deferred_init(build, exact_generator=True)
+    assert torch.equal(torch.get_rng_state(), eager_rng)
+
+
+def test_the_generator_state_functions_are_torchs_own_outside_recording():
+    functions = [getattr(m, n) for m in (torch, torch.random)
+                 for n in ("get_rng_state", "set_rng_state", "manual_seed", "seed")]
+    torchdefer.deferred_init(torch.nn.Linear, 2, 2)
+    with torchdefer.deferred():
+        torch.nn.Linear(2, 2)
+    assert functions == [getattr(m, n) for m in (torch, torch.random)
+                         for n in ("get_rng_state", "set_rng_state", "manual_seed", "seed")]
+    assert torch.get_rng_state.__module__ == "torch.random"

@@ -12,7 +12,7 @@ import torch
 import torchdefer
 
 Build = Callable[[], torch.nn.Module]
-WORLD_SIZES = (2, 3)
+WORLD_SIZES = (1, 2, 3, 7)
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
 
 
@@ -58,6 +58,10 @@ def attribute_tensors(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
     return out
 
 
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.numel() > 0 and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 def _compare(kind: str, eager: Dict[str, torch.Tensor], other: Dict[str, torch.Tensor],
              problems: List[str]) -> None:
     if eager.keys() != other.keys():
@@ -69,6 +73,11 @@ def _compare(kind: str, eager: Dict[str, torch.Tensor], other: Dict[str, torch.T
         value = other[key]
         if torchdefer.is_fake(value):
             problems.append(f"{kind} {key} is still fake after materialize_module")
+        elif _same_memory(eager[key], value):
+            # A library's process-wide state (Pyro's parameter store) handed the eager model's
+            # tensor to the deferred construction: equal, but nothing was recorded or replayed.
+            problems.append(f"{kind} {key} is the eager model's own memory: the case keeps "
+                            "state between constructions")
         elif not bitwise_equal(eager[key], value):
             problems.append(f"{kind} {key} {tuple(value.shape)} {value.dtype} differs from eager")
 

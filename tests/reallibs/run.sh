@@ -11,7 +11,10 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 readonly VENV="${TORCHDEFER_REALLIBS_VENV:-/tmp/reallibs-venv}"
 readonly HERE=tests/reallibs
-readonly LITGPT=litgpt==0.5.13
+# Installed without their dependencies: litgpt pins huggingface-hub<1.4 (see requirements.txt);
+# mup requires torchvision and seaborn for its coordinate-check plots, and torchvision, which has
+# no working build for this torch, would be imported by transformers and diffusers.
+readonly NO_DEPS=(litgpt==0.5.13 mup==1.0.0)
 
 log() { printf '\033[1m[reallibs] %s\033[0m\n' "$*"; }
 
@@ -25,10 +28,10 @@ from importlib.metadata import version
 for name in ("torch", "huggingface-hub", "transformers"):
     print(f"{name}=={version(name).split('+')[0]}")
 PY
-if ! "$VENV/bin/python" - "$HERE/requirements.txt" "$LITGPT" <<'PY'
+if ! "$VENV/bin/python" - "$HERE/requirements.txt" "${NO_DEPS[@]}" <<'PY'
 import sys
 from importlib.metadata import PackageNotFoundError, version
-specs = [l.split("#")[0].strip() for l in open(sys.argv[1])] + [sys.argv[2]]
+specs = [l.split("#")[0].strip() for l in open(sys.argv[1])] + sys.argv[2:]
 for spec in filter(None, specs):
     name, wanted = spec.split("==")
     try:
@@ -38,10 +41,10 @@ for spec in filter(None, specs):
         sys.exit(1)
 PY
 then
-  log "installing $HERE/requirements.txt and $LITGPT (torch stays $(head -1 "$constraints"))"
+  log "installing $HERE/requirements.txt and ${NO_DEPS[*]} (torch stays $(head -1 "$constraints"))"
   export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
   "$VENV/bin/pip" install -q -c "$constraints" -r "$HERE/requirements.txt"
-  "$VENV/bin/pip" install -q -c "$constraints" --no-deps "$LITGPT"
+  "$VENV/bin/pip" install -q -c "$constraints" --no-deps "${NO_DEPS[@]}"
 fi
 
 if ! ls build/python/torchdefer/__init__.py build/python/torchdefer/_C*.so >/dev/null 2>&1; then

@@ -42,3 +42,16 @@ def test_torch_mode_check_catches_a_generator_left_elsewhere():
 
     with pytest.raises(AssertionError, match="generator state"):
         check_torch_mode(build)
+
+
+_store = {}
+
+
+def test_torch_mode_check_catches_a_case_that_reuses_the_eager_models_tensors():
+    def build():  # a process-wide store handing out what the first construction made
+        module = torch.nn.Module()
+        module.weight = torch.nn.Parameter(_store.setdefault("weight", torch.randn(3)))
+        return module
+
+    with pytest.raises(AssertionError, match="eager model's own memory"):
+        check_torch_mode(build)

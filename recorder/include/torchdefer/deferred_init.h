@@ -118,6 +118,15 @@ std::invoke_result_t<F&&, Args&&...> deferred_init(const DeferredInitOptions& op
 // of a recording that is not the one in progress on this thread.
 TORCHDEFER_API at::Tensor read_values(const at::Tensor& t);
 
+// Inside deferred_init: leaves PyTorch's default CPU generator where eager construction would
+// have it at this point, for code about to read or set its state (torch.get_rng_state,
+// torch.random.fork_rng). The recorder applies a recording's draws to the generator lazily, in
+// one jump (Note [Torch-mode draw offsets]); this applies them now, resolving value-dependent
+// samplers first if any (Note [Lazy RNG anchors]), and the next random op starts a new anchor.
+// Does nothing when no draws are pending (Note [The generator's state read while recording] in
+// bindings/torchdefer/_generator_state.py).
+TORCHDEFER_API void settle_default_generator();
+
 // The recorded operations that will produce `t`'s data, in order, one line, e.g.
 // "empty([4096, 4096]) → uniform_(-0.015625, 0.015625)". Says so when `t` is real or a fake that
 // nothing recorded.
