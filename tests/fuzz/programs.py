@@ -607,7 +607,7 @@ _READS = [
     "float(torch.histc({t}, bins=3).max())", "float(torch.unique(({t} > 0).int()).numel())",
     "float(len(torch.where({t} > 0)[0]))", "float(torch.allclose({t}, {t} * 1.0))",
     "float(bool(({t} > -3).all()))", "float({t}.prod())", "float({t}.nansum())",
-    "float({t}.var_mean(0)[1].sum())", "sum({t}.tolist()[0])",
+    "float(torch.var_mean({t}, 0)[1].sum())", "sum({t}.tolist()[0])",
 ]
 
 
