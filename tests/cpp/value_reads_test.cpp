@@ -47,6 +47,7 @@ std::vector<std::pair<std::string, Read>> patterns() {
       {"allclose", [=](const at::Tensor& t) { return torch::tensor(at::allclose(t, t * 1.0)); }},
       {"equal", [=](const at::Tensor& t) { return torch::tensor(at::equal(t, t.clone())); }},
       {"nonzero", [=](const at::Tensor& t) { return (t > 0).nonzero(); }},
+      {"where(condition)", [=](const at::Tensor& t) { return at::where(t > 0)[1]; }},
       {"unique",
        [=](const at::Tensor& t) { return std::get<0>(at::_unique2((t > 0).to(at::kInt))); }},
       {"topk", [=](const at::Tensor& t) { return item(std::get<0>(t.flatten().topk(2)).sum()); }},
