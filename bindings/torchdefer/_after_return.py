@@ -31,14 +31,23 @@ fakes, and nothing more:
   duration of the call, as the recording mode does, so that a fake CUDA tensor needs no CUDA);
 * the first look of torch's trunc_normal_ sampler at the tensor (``is_meta``, from the sampler's
   own frame) runs it as one recorded ``torchdefer::trunc_normal_`` instead, with torch's bits
-  (Note [trunc_normal_ as one operator]), exactly as while recording.
+  (Note [trunc_normal_ as one operator]), exactly as while recording;
+* ``tolist``, ``numpy`` and ``__array__``, which torch implements by reading memory past the
+  dispatcher, read the values as ``item()`` does (Note [Reading values while recording]);
+* ``copy.deepcopy`` makes a deferred copy (Note [Deep copies after deferred_init returned] in
+  ``_deepcopy.py``), and pickling (``torch.save``, ``pickle``) is refused with a message that says
+  to materialize first: a fake has no values to save.
 
 Everything else is forwarded to torch with subclass handling off, so results of operations are
 plain tensors, as they are for ``nn.Parameter``; ``.data`` of a handed-out fake is handed out too
 (init code writes ``nn.init.trunc_normal_(p.data)``), and ``nn.Parameter(p)`` of one keeps the
 class for its ``detach``, which torch's ``Parameter`` requires of a subclass. Other fakes (ones
 computed after return, such as ``p[0]`` or ``p.t()``; ones from ``fake_mode``) are untouched, and
-so are tensors whose class is the model's own subclass.
+so are tensors whose class is the model's own subclass. So ``item()``, ``bool()``, ``float()`` and
+every op of a computed fake read values (they pass the dispatcher), but its ``tolist()`` and
+``numpy()`` raise the fake's "no data" error: ``p.tolist()`` works, ``(p * 2).tolist()`` does not.
+Handing out results too would give FSDP's ``chunk`` of a parameter, and every DTensor built from
+it, this class.
 
 The class goes back to what the model built (``nn.Parameter``, or ``torch.Tensor``) when the
 tensor turns real: every materialization (``materialize_module``, ``materialize_tensor``,
@@ -53,9 +62,8 @@ What this changes, until the tensor is real: ``type(p)`` is ``DeferredParameter`
 nn.Parameter)`` and ``isinstance(p, torch.Tensor)`` hold, ``type(p) is nn.Parameter`` does not),
 each torch call taking it costs a Python call, and a torch-function mode of the user's sees the
 class in ``types`` (and plain tensors as results). Code that rebuilds a parameter through its
-class, ``type(p)(data)`` (``copy.deepcopy``, accelerate's ``set_module_tensor_to_device``), gets
-an ``nn.Parameter``, as before: a real tensor never gets the class, and a copy is a fake of the
-kind computed after return. What model code does with parameters before materializing
+class, ``type(p)(data)`` (accelerate's ``set_module_tensor_to_device``), gets an
+``nn.Parameter``, as before: a real tensor never gets the class. What model code does with parameters before materializing
 (parametrizations, ``to(dtype)``, tying, ``load_state_dict``, hooks, optimizers) gives eager's
 model with eager's classes (tests/python/test_after_return.py). Nothing in torch is patched and
 no mode is active: other tensors, other threads and ``import torchdefer`` see nothing
@@ -65,17 +73,20 @@ no mode is active: other tensors, other threads and ``import torchdefer`` see no
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
-from torchdefer import _C, _recording
+from torchdefer import _C, _deepcopy, _recording
 
 _TensorBase = torch._C.TensorBase
 _IS_META = _TensorBase.__dict__["is_meta"]
 _DATA = _TensorBase.__dict__["data"]
 _METHOD_WRAPPER = type(_IS_META.__get__)
 _PARAMETER_NEW = torch.nn.Parameter.__new__.__code__
+# Torch reads these from memory, past the dispatcher, where a fake has nothing: its values are read
+# as item() reads them (Note [Reading values while recording]).
+_READS = (_TensorBase.tolist, _TensorBase.numpy, torch.Tensor.__array__)
 
 
 def _is_getter_of(func: Any, descriptor: Any) -> bool:
@@ -92,6 +103,19 @@ def _torch_function(cls, func, types, args=(), kwargs=None):
             return _making_a_fake(_recording._new_tensor, func, args, kwargs)
         if func is _TensorBase.new:
             return _making_a_fake(_recording._new, func, args, kwargs)
+        if func in _READS:
+            return _recording._read(func, args, kwargs)
+        if func is torch.Tensor.__reduce_ex__:
+            raise RuntimeError(
+                f"torchdefer: pickling {_C.describe(args[0])} (torch.save, pickle, copy.copy) would "
+                "save values it does not have: it is a fake that deferred_init handed out. "
+                "Materialize the module first (torchdefer.materialize_module), then save it; "
+                "copy.deepcopy makes a deferred copy."
+            )
+        if func is torch.Tensor.__deepcopy__:
+            copied = _deepcopy.deepcopy(func, args, kwargs, handed_out=True)
+            hand_out_tensor(copied)
+            return copied
         result = func(*args, **kwargs)
         if args and type(args[0]) in _BUILT and not _C.is_fake(args[0]):
             _restore(args[0])  # made real in place: `p.data = real`, `p.set_(real)`
@@ -133,9 +157,16 @@ class DeferredParameter(torch.nn.Parameter):
     __torch_function__ = classmethod(_torch_function)
 
     def __new__(cls, data: Any = None, requires_grad: bool = True) -> torch.nn.Parameter:
-        # Code that rebuilds a parameter through its class (copy.deepcopy, accelerate's
-        # `type(p)(value)`) gets the class the model built, as before the fake was handed out.
+        # Code that rebuilds a parameter through its class (accelerate's `type(p)(value)`) gets
+        # the class the model built, as before the fake was handed out.
         return torch.nn.Parameter(data, requires_grad)
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> torch.nn.Parameter:
+        # torch's copy (a clone, through __new__ above), handed out as the original was: a copy of
+        # a deferred model is a deferred model (Note [Deep copies after deferred_init returned]).
+        copied = torch.nn.Parameter.__deepcopy__(self, memo)
+        hand_out_tensor(copied)
+        return copied
 
 
 _HANDED_OUT = {torch.Tensor: DeferredTensor, torch.nn.Parameter: DeferredParameter}

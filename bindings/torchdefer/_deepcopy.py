@@ -27,6 +27,21 @@ The storage is copied as bytes, so tensors that see one storage with different d
 copy as they do in eager. Conjugate or negative views and tensor subclasses other than
 ``Parameter`` (which clones, and needs nothing here) are refused with a message naming the
 tensor.
+
+Note [Deep copies after deferred_init returned]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Training code deep-copies a model it has built to make an EMA or teacher model, before
+materializing it: ``m = deferred_init(...); ema = copy.deepcopy(m)``. The fakes deferred_init handed
+out (Note [Handed-out fakes after deferred_init], ``_after_return.py``) copy themselves the same
+way: a buffer's ``__deepcopy__`` reaches their ``__torch_function__``, which builds the copy here
+from ops recorded into the original's recording (torch's own copy would read a storage the fake
+does not have), and a parameter's is torch's clone. Each copy is handed out in turn, so the copy
+is a deferred model like the original: init code run on it after the copy (``trunc_normal_``,
+``init_weights``) records into it, and each model materializes on its own, in either order, to
+what eager's copy holds (the values at the copy, sharing and tying kept as eager keeps them); in
+counter mode both are the full counter model's, shard by shard. Fakes held as plain attributes are
+not handed out (finding them costs a walk of every attribute) and cannot be deep-copied after
+return: torch's copy raises the fake's "no data" error. Materialize those, or the model, first.
 """
 
 from __future__ import annotations
@@ -41,9 +56,9 @@ from torchdefer import _C
 
 def _refuse(tensor: torch.Tensor, why: str) -> RuntimeError:
     return RuntimeError(
-        f"torchdefer: copy.deepcopy of {_C.describe(tensor)} while recording is not "
-        f"supported: {why}. Deep-copy the module before deferred_init, or build the copy with "
-        "its own constructor call inside deferred_init."
+        f"torchdefer: copy.deepcopy of {_C.describe(tensor)} is not supported: {why}. Deep-copy "
+        "the module before deferred_init or after materializing it, or build the copy with its "
+        "own constructor call inside deferred_init."
     )
 
 
@@ -65,13 +80,15 @@ def _storage_copy(tensor: torch.Tensor, memo: Dict[Any, Any]) -> torch.Tensor:
     return memo[key].view(tensor.dtype)
 
 
-def deepcopy(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
-    """The recording's handler of ``Tensor.__deepcopy__`` (Note [Deep copies of fakes])."""
+def deepcopy(func: Callable, args: tuple, kwargs: Dict[str, Any], handed_out: bool = False) -> Any:
+    """The handler of ``Tensor.__deepcopy__`` (Note [Deep copies of fakes]): the recording's, and
+    that of the fakes deferred_init handed out (``handed_out``: ``self``'s class is theirs, and the
+    copy is a plain tensor, as eager's copy of a ``torch.Tensor`` is)."""
     self, memo = args[0], args[1] if len(args) > 1 else kwargs["memo"]
     if (not self.is_leaf or id(self) in memo or self.layout != torch.strided or self.is_quantized
             or self.is_meta):
         return func(*args, **kwargs)  # eager's own checks and memo, and its copies by clone()
-    if type(self) is not torch.Tensor:
+    if type(self) is not torch.Tensor and not handed_out:
         raise _refuse(self, f"it is a {type(self).__name__}, a tensor subclass")
     with torch.no_grad():
         made = _storage_copy(self, memo).detach()

@@ -203,6 +203,146 @@ Outputs geqrf(Arguments args) {
           meta_empty(tau, self, self.scalar_type())};
 }
 
+namespace {
+
+// The sizes of `self` reduced over `dims` (all dimensions when empty or absent).
+std::vector<int64_t> reduced_sizes(const at::Tensor& self, const c10::IValue& dims, bool keepdim) {
+  if (self.dim() == 0) {
+    return {};  // a 0-dim tensor reduces to itself, whichever dimension (0 or -1) is named
+  }
+  std::vector<bool> reduced(static_cast<size_t>(self.dim()), dims.isNone());
+  if (!dims.isNone()) {
+    const std::vector<int64_t> list = dims.toIntVector();
+    if (list.empty()) {
+      std::fill(reduced.begin(), reduced.end(), true);
+    }
+    for (int64_t d : list) {
+      reduced[static_cast<size_t>(c10::maybe_wrap_dim(d, self.dim()))] = true;
+    }
+  }
+  std::vector<int64_t> sizes;
+  for (int64_t d = 0; d < self.dim(); ++d) {
+    if (!reduced[static_cast<size_t>(d)]) {
+      sizes.push_back(self.size(d));
+    } else if (keepdim) {
+      sizes.push_back(1);
+    }
+  }
+  return sizes;
+}
+
+// The dtype a sum or product accumulates in: integers (and bool) in long, unless one is given.
+c10::ScalarType accumulated_dtype(const at::Tensor& self, const c10::IValue& dtype) {
+  if (!dtype.isNone()) {
+    return static_cast<c10::ScalarType>(dtype.toInt());
+  }
+  const c10::ScalarType own = self.scalar_type();
+  return c10::isIntegralType(own, /*includeBool=*/true) ? at::kLong : own;
+}
+
+Outputs values_and_indices_along(const at::Tensor& self, int64_t dim, bool keepdim) {
+  std::vector<int64_t> sizes = self.sizes().vec();
+  if (!sizes.empty()) {
+    const int64_t wrapped = c10::maybe_wrap_dim(dim, self.dim());
+    if (keepdim) {
+      sizes[static_cast<size_t>(wrapped)] = 1;
+    } else {
+      sizes.erase(sizes.begin() + wrapped);
+    }
+  }
+  return {meta_empty(sizes, self, self.scalar_type()), meta_empty(sizes, self, at::kLong)};
+}
+
+}  // namespace
+
+Outputs full_reduction(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  return {meta_empty({}, self, self.scalar_type())};
+}
+
+// prod(self, *, dtype=None), trace(self)
+Outputs full_reduction_to_long(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  const c10::IValue none;
+  return {meta_empty({}, self, accumulated_dtype(self, args.size() > 1 ? args[1] : none))};
+}
+
+// std/var.correction(self, dim=None, *, correction=None, keepdim=False)
+Outputs variance(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  return {meta_empty(reduced_sizes(self, args[1], args[3].toBool()), self,
+                     c10::toRealValueType(self.scalar_type()))};
+}
+
+// std_mean/var_mean.correction(self, dim=None, *, correction=None, keepdim=False)
+Outputs variance_and_mean(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  const std::vector<int64_t> sizes = reduced_sizes(self, args[1], args[3].toBool());
+  return {meta_empty(sizes, self, c10::toRealValueType(self.scalar_type())),
+          meta_empty(sizes, self, self.scalar_type())};
+}
+
+// median.dim(self, dim, keepdim), mode(self, dim, keepdim), kthvalue(self, k, dim, keepdim): the
+// last two arguments are the dimension and keepdim.
+Outputs values_and_indices(Arguments args) {
+  const size_t n = args.size();
+  return values_and_indices_along(args[0].toTensor(), args[n - 2].toInt(), args[n - 1].toBool());
+}
+
+// cummax/cummin(self, dim)
+Outputs cumulative_values_and_indices(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  return {like(self), meta_empty(self.sizes(), self, at::kLong)};
+}
+
+// count_nonzero.dim_IntList(self, dim): the dimensions are removed.
+Outputs count_nonzero(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  return {meta_empty(reduced_sizes(self, args[1], /*keepdim=*/false), self, at::kLong)};
+}
+
+// nansum(self, dim=None, keepdim=False, *, dtype=None)
+Outputs nansum(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  return {meta_empty(reduced_sizes(self, args[1], args[2].toBool()), self,
+                     accumulated_dtype(self, args[3]))};
+}
+
+Outputs same_shape_bool(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  return {meta_empty(self.sizes(), self, at::kBool)};
+}
+
+Outputs broadcast_bool(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  const at::Tensor& other = args[1].toTensor();
+  return {meta_empty(at::infer_size_dimvector(self.sizes(), other.sizes()), self, at::kBool)};
+}
+
+// searchsorted.Tensor(sorted_sequence, self, *, out_int32, right, side, sorter): shaped like
+// `self`; searchsorted.Scalar: 0-dim.
+Outputs searchsorted(Arguments args) {
+  const at::Tensor& sorted = args[0].toTensor();
+  const c10::ScalarType dtype = args[2].toBool() ? at::kInt : at::kLong;
+  if (!args[1].isTensor()) {
+    return {meta_empty({}, sorted, dtype)};
+  }
+  return {meta_empty(args[1].toTensor().sizes(), sorted, dtype)};
+}
+
+// _cdist_forward(x1, x2, p, compute_mode): [*broadcast batch, rows of x1, rows of x2].
+Outputs cdist_forward(Arguments args) {
+  const at::Tensor& x1 = args[0].toTensor();
+  const at::Tensor& x2 = args[1].toTensor();
+  TORCH_CHECK(x1.dim() >= 2 && x2.dim() >= 2, "cdist: expected at least 2-dimensional inputs, got ",
+              x1.sizes(), " and ", x2.sizes());
+  auto sizes = at::infer_size_dimvector(x1.sizes().slice(0, x1.dim() - 2),
+                                        x2.sizes().slice(0, x2.dim() - 2));
+  sizes.push_back(x1.size(-2));
+  sizes.push_back(x2.size(-2));
+  return {meta_empty(sizes, x1, x1.scalar_type())};
+}
+
 }  // namespace meta_rules
 
 void meta_rule_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {

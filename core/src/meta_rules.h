@@ -44,4 +44,24 @@ Outputs mkldnn_rnn_layer(Arguments args);
 Outputs randperm(Arguments args);
 Outputs geqrf(Arguments args);  // parametrizations.orthogonal's QR
 
+// Note [Meta rules of value-reading reductions]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Init code reads statistics of the tensors it builds: `w.abs().max().item()`, `w.std()`,
+// `torch.isnan(w).any()`, a median or a k-th value to clip by. The reduction itself is recorded
+// (its value comes from the recording) and only the `item()` after it reads values (Note [Reading
+// values while recording]); so the reduction must run on fakes, which takes a meta kernel. In a
+// C++-only process these have none: the rules below shape them as their CPU kernels do.
+Outputs full_reduction(Arguments args);          // max(), min(), median(), nanmedian(): 0-dim
+Outputs full_reduction_to_long(Arguments args);  // prod(), trace(): integers accumulate in long
+Outputs variance(Arguments args);                // std/var.correction: real dtype
+Outputs variance_and_mean(Arguments args);       // std_mean/var_mean.correction
+Outputs values_and_indices(Arguments args);  // median.dim, kthvalue, mode: (self, .., dim, keepdim)
+Outputs cumulative_values_and_indices(Arguments args);  // cummax, cummin
+Outputs count_nonzero(Arguments args);                  // count_nonzero.dim_IntList
+Outputs nansum(Arguments args);
+Outputs same_shape_bool(Arguments args);  // isnan, logical_not
+Outputs broadcast_bool(Arguments args);   // logical_and, logical_or, logical_xor
+Outputs searchsorted(Arguments args);     // searchsorted.Tensor and .Scalar
+Outputs cdist_forward(Arguments args);
+
 }  // namespace torchdefer::detail::meta_rules

@@ -44,6 +44,12 @@ constexpr OpInfo reads_values(std::string_view name, const char* api,
   return info;
 }
 
+constexpr OpInfo with_values(OpInfo info, const char* api, ValueRule rule) {
+  info.values = rule;
+  info.api = api;
+  return info;
+}
+
 constexpr OpInfo overwrites_self(OpInfo info) {
   info.overwrites_self = true;
   return info;
@@ -86,6 +92,23 @@ constexpr OpInfo with_unmarked_writes(std::string_view name, uint32_t arguments)
   OpInfo info;
   info.name = name;
   return with_unmarked_writes(info, arguments);
+}
+
+// Note [Composite ops that read values inside]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The recorder records a call before any composite kernel decomposes it, then runs the kernel with
+// recording off (Note [Recording an op]): the ops inside run on fakes nothing records. A few
+// composite kernels read values of such inner tensors: quantile checks its `q` with `equal` on a
+// scalar tensor it made itself. Under deferred_init that inner fake has no recorded origin, so
+// its values cannot be read and the call fails where eager succeeds. Those ops are recorded as
+// the ops their kernel calls instead: the recorder runs the kernel with recording on, each inner
+// op is recorded (or, if it reads values, reads them) as if model code had called it, and
+// materializing replays the same sequence of ATen calls eager made.
+constexpr OpInfo records_its_parts(std::string_view name) {
+  OpInfo info;
+  info.name = name;
+  info.records_its_parts = true;
+  return info;
 }
 
 // running_mean and running_var, arguments 3 and 4 of every op below.
@@ -177,7 +200,9 @@ constexpr OpInfo kOps[] = {
     exact("aten::clamp"),
     exact("aten::clamp_min"),
     exact("aten::clamp_max"),
-    exact("aten::where"),
+    // torch.where(condition) is nonzero(condition), composite: it reads values (Note [Reading
+    // values while recording]); the other overloads are pointwise.
+    with_values(exact("aten::where"), "torch::where(condition)", ValueRule::kConditionOnly),
     exact("aten::sign"),
     exact("aten::maximum"),
     exact("aten::minimum"),
@@ -233,6 +258,10 @@ constexpr OpInfo kOps[] = {
     reads_values("aten::repeat_interleave", "torch::repeat_interleave with tensor repeats",
                  ValueRule::kWithFakeRepeats),
 
+    // Note [Composite ops that read values inside]
+    records_its_parts("aten::quantile"),
+    records_its_parts("aten::nanquantile"),
+
     // Meta rules (Note [Meta rules]).
     meta("aten::abs_", rules::in_place),
     meta("aten::relu", rules::same_shape),
@@ -258,6 +287,37 @@ constexpr OpInfo kOps[] = {
     meta("aten::_thnn_fused_lstm_cell", rules::fused_lstm_cell),
     meta("aten::mkldnn_rnn_layer", rules::mkldnn_rnn_layer),
     meta("aten::geqrf", rules::geqrf),
+    // Note [Meta rules of value-reading reductions]
+    meta("aten::max", rules::full_reduction),
+    meta("aten::min", rules::full_reduction),
+    meta("aten::median", rules::full_reduction),
+    meta("aten::nanmedian", rules::full_reduction),
+    meta("aten::prod", rules::full_reduction_to_long),
+    meta("aten::trace", rules::full_reduction_to_long),
+    meta("aten::std.correction", rules::variance),
+    meta("aten::var.correction", rules::variance),
+    meta("aten::std_mean.correction", rules::variance_and_mean),
+    meta("aten::var_mean.correction", rules::variance_and_mean),
+    meta("aten::median.dim", rules::values_and_indices),
+    meta("aten::nanmedian.dim", rules::values_and_indices),
+    meta("aten::kthvalue", rules::values_and_indices),
+    meta("aten::mode", rules::values_and_indices),
+    meta("aten::cummax", rules::cumulative_values_and_indices),
+    meta("aten::cummin", rules::cumulative_values_and_indices),
+    meta("aten::count_nonzero.dim_IntList", rules::count_nonzero),
+    meta("aten::nansum", rules::nansum),
+    meta("aten::isnan", rules::same_shape_bool),
+    meta("aten::logical_not", rules::same_shape_bool),
+    meta("aten::logical_not_", rules::in_place),
+    meta("aten::logical_and", rules::broadcast_bool),
+    meta("aten::logical_and_", rules::in_place),
+    meta("aten::logical_or", rules::broadcast_bool),
+    meta("aten::logical_or_", rules::in_place),
+    meta("aten::logical_xor", rules::broadcast_bool),
+    meta("aten::logical_xor_", rules::in_place),
+    meta("aten::searchsorted.Tensor", rules::searchsorted),
+    meta("aten::searchsorted.Scalar", rules::searchsorted),
+    meta("aten::_cdist_forward", rules::cdist_forward),
 };
 
 const std::unordered_map<std::string_view, const OpInfo*>& index() {
@@ -356,6 +416,9 @@ std::optional<std::string> value_reading_api(const c10::OperatorHandle& op,
       break;
     case ValueRule::kWithFakeRepeats:
       reads = has_fake_repeats_without_output_size(schema, arguments);
+      break;
+    case ValueRule::kConditionOnly:
+      reads = schema.arguments().size() == 1;
       break;
   }
   if (!reads) {

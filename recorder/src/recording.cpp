@@ -115,6 +115,11 @@ struct OperatorFacts {
   bool writes = false;
   // aten::_conj and aten::_neg_view: views that set a bit fakes do not keep.
   bool bit_view = false;
+  // aten::mH, aten::adjoint, aten::matrix_H: composites that call _conj below the recorder when
+  // their input is complex (Note [Conjugate and negative views of fakes]).
+  bool conjugates_complex = false;
+  // Recorded as the ops its composite kernel calls (Note [Composite ops that read values inside]).
+  bool records_its_parts = false;
 };
 
 OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
@@ -124,7 +129,10 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
   facts.overload_name = schema.overload_name();
   facts.random = is_random(op);
   facts.bit_view = facts.name == "aten::_conj" || facts.name == "aten::_neg_view";
+  facts.conjugates_complex =
+      facts.name == "aten::mH" || facts.name == "aten::adjoint" || facts.name == "aten::matrix_H";
   const OpInfo* info = find_op_info(std::string_view(schema.name()));
+  facts.records_its_parts = info != nullptr && info->records_its_parts;
   if (info == nullptr || info->values == ValueRule::kFromTags) {
     facts.may_read_values = value_reading_api(op, {}).has_value();
   }
@@ -238,6 +246,12 @@ class Recorder {
       run_real(keys);
       return;
     }
+    if (facts_.records_its_parts) {
+      // Note [Composite ops that read values inside]: the kernel's calls pass this key again.
+      op_.redispatchBoxed(
+          keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
+      return;
+    }
     RecordedNode node = describe_call();
     redispatch(keys);
     record(std::move(node));
@@ -247,9 +261,14 @@ class Recorder {
   // Note [Conjugate and negative views of fakes]: `conj()` of a complex tensor (also through
   // `.mH`, `.H`, `adjoint()`) and `_neg_view` make views that carry a conjugate or negative bit,
   // which fakes do not keep; recording one would materialize the plain values, a silent
-  // difference from eager. Found by the real-library suite's conjugate deepcopy case.
+  // difference from eager. Found by the real-library suite's conjugate deepcopy case. `.mH`,
+  // `.H` and `adjoint()` are composites whose _conj runs below this key, so they are refused by
+  // name for a complex input: the Python layer refuses them while recording, this catches them on
+  // recorded fakes after deferred_init returned too, where `.mH` materialized unconjugated values.
   void refuse_bit_views() const {
-    if (!has_fake_ || !facts_.bit_view) {
+    const bool conjugates = facts_.conjugates_complex && stack_[first_argument_].isTensor() &&
+                            stack_[first_argument_].toTensor().is_complex();
+    if (!has_fake_ || !(facts_.bit_view || conjugates)) {
       return;
     }
     TORCH_CHECK(false, "torchdefer: ", facts_.name, " of ",

@@ -220,8 +220,13 @@ DrawPlan plan_draws(const RandomOperator& op, const OpGraph& graph, const Record
   const c10::FunctionSchema& schema = node.op.schema();
   const std::vector<c10::IValue>& arguments = node.arguments;
   const OpInfo* info = op.info;
-  const uint64_t n = static_cast<uint64_t>(target.numel());
-  const c10::ScalarType dtype = target.scalar_type();
+  // ATen fills a complex tensor through its real view (view_as_real): two reals per element, drawn
+  // as the real dtype draws. Counting elements instead left the generator short of eager's after a
+  // complex randn of 16 or more elements, and every later draw differed (found by the fuzzer).
+  const bool complex = c10::isComplexType(target.scalar_type());
+  const uint64_t n = static_cast<uint64_t>(target.numel()) * (complex ? 2 : 1);
+  const c10::ScalarType dtype =
+      complex ? c10::toRealValueType(target.scalar_type()) : target.scalar_type();
   switch (info != nullptr && info->draws ? *info->draws : DrawRule::kOnScratch) {
     case DrawRule::kOnScratch:
       return on_scratch();

@@ -1,9 +1,12 @@
 """Random init programs: seeded generators of nn.Module constructors, printed as Python source.
 
 A program is the source of one module class, ``M``, whose ``__init__`` is a sequence of
-*snippets*. Each snippet comes from one *family*: a kind of construction code that model code
+*snippets*, and of a function ``after(m)`` that the checks run on the model once it is built (on
+the eager model, and on the deferred one after deferred_init returned, before materializing it):
+what training code does between building a model and materializing it (init_weights, deep copies,
+value reads). Each snippet comes from one *family*: a kind of construction code that model code
 runs and that deferred_init must record exactly (docs/fuzzing.md lists them with the issue class
-each one exercises). The program is a pure function of ``(seed, families)``: the same pair always
+each one exercises); a snippet may add lines to ``after`` too. The program is a pure function of ``(seed, families)``: the same pair always
 prints the same source, so a failure is reproduced from the seed and the family list alone, and
 the printed source is a self-contained reproducer.
 """
@@ -14,7 +17,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Sequence, Tuple
 
-HEADER = """import math
+HEADER = """import copy
+import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -42,6 +46,8 @@ class Context:
     # Attribute paths of 2-d floating parameters (e.g. "self.c0.weight"), for snippets that
     # alias tensors an earlier snippet made.
     matrices: List[str] = field(default_factory=list)
+    # The body of after(m), run on the built model (the module is `m` there).
+    after: List[str] = field(default_factory=list)
 
     def fresh(self) -> int:
         self.counter += 1
@@ -524,6 +530,145 @@ def parametrizations(ctx: Context) -> List[str]:
     return lines
 
 
+def deepcopies(ctx: Context) -> List[str]:
+    """copy.deepcopy of modules while recording and after deferred_init returned (EMA and teacher
+    copies), with writes to the original after the copy and init code run on the copy."""
+    i, d, o = ctx.fresh(), ctx.rng.randint(1, 6), ctx.rng.randint(1, 6)
+    src = f"self.k{i}"
+    kind = ctx.pick(["linear_bn", "tied", "buffers", "conv"])
+    if kind == "linear_bn":
+        lines = [f"{src} = nn.Sequential(nn.Linear({d}, {o}), nn.BatchNorm1d({o}))"]
+    elif kind == "tied":
+        lines = [f"{src} = nn.Module()", f"{src}.a = nn.Linear({d}, {d})", f"{src}.b = nn.Linear({d}, {d})",
+                 f"{src}.b.weight = {src}.a.weight"]
+    elif kind == "buffers":
+        lines = [f"{src} = nn.Module()", f'{src}.register_buffer("t", torch.randn({d}, {o}))',
+                 f'{src}.register_buffer("row", {src}.t[0])', f"{src}.p = nn.Parameter(torch.rand({o}))"]
+    else:
+        lines = [f"{src} = nn.Conv1d({d}, {o}, 3)"]
+    when = ctx.pick(["during", "after", "both"])
+    if when in ("during", "both"):
+        lines.append(f"self.c{i} = copy.deepcopy({src})")
+        if ctx.rng.random() < 0.5:
+            lines.append(f"next({src}.parameters()).data.normal_()")
+    if when in ("after", "both"):
+        ctx.after.append(f"m.e{i} = copy.deepcopy(m.k{i})")
+        if ctx.rng.random() < 0.5:
+            ctx.after.append(f"next(m.k{i}.parameters()).data.uniform_(-1, 1)")
+        if ctx.rng.random() < 0.5:
+            ctx.after.append(f"nn.init.trunc_normal_(next(m.e{i}.parameters()), std=0.1)")
+    return lines
+
+
+def norm_train(ctx: Context) -> List[str]:
+    """BatchNorm and InstanceNorm with tracked statistics run in train mode while recording: the
+    forward writes running_mean and running_var (Note [Writes the schema does not show])."""
+    i, d, n = ctx.fresh(), ctx.rng.randint(1, 5), ctx.rng.randint(2, 4)
+    norm = f"self.n{i}"
+    kind = ctx.pick(["bn1d", "bn2d", "in1d", "momentum_none", "functional", "on_a_parameter"])
+    if kind == "bn1d":
+        return [f"{norm} = nn.BatchNorm1d({d})", f"_ = {norm}(torch.randn({n}, {d}) * 2 + 1)"]
+    if kind == "bn2d":
+        return [f"{norm} = nn.BatchNorm2d({d})", f"_ = {norm}(torch.randn({n}, {d}, 3, 3))"]
+    if kind == "in1d":
+        return [f"{norm} = nn.InstanceNorm1d({d}, affine={ctx.pick(['True', 'False'])}, track_running_stats=True)",
+                f"_ = {norm}(torch.randn({n}, {d}, 5))"]
+    if kind == "momentum_none":
+        return [f"{norm} = nn.BatchNorm1d({d}, momentum=None)",
+                f"for _k in range({ctx.rng.randint(1, 3)}): _ = {norm}(torch.rand({n}, {d}))"]
+    if kind == "functional":
+        return [f'self.register_buffer("rm{i}", torch.zeros({d}))', f'self.register_buffer("rv{i}", torch.ones({d}))',
+                f"_ = F.batch_norm(torch.randn({n}, {d}), self.rm{i}, self.rv{i}, training=True, momentum=0.3)"]
+    return [f"self.x{i} = nn.Parameter(torch.randn({n}, {d}))", f"{norm} = nn.BatchNorm1d({d})",
+            f"_ = {norm}(self.x{i})"]
+
+
+def conj_views(ctx: Context) -> List[str]:
+    """Conjugate views of complex fakes (conj(), .mH, .H, adjoint()), while recording or after
+    deferred_init returned: refused by design (Note [Conjugate and negative views of fakes])."""
+    i, n = ctx.fresh(), ctx.rng.randint(1, 4)
+    view = ctx.pick(["conj()", "mH", "H", "adjoint()"])
+    lines = [f"self.z{i} = nn.Parameter(torch.randn({n}, {n}, dtype=torch.complex64))"]
+    if ctx.rng.random() < 0.5:
+        lines.append(f'self.register_buffer("h{i}", self.z{i}.detach().{view}.clone())')
+    else:
+        ctx.after.append(f'm.register_buffer("h{i}", m.z{i}.detach().{view}.clone())')
+    return lines
+
+
+# Host values read from a recorded tensor `{t}`: a reduction or search, then item(), float(), ...
+_READS = [
+    "{t}.abs().max().item()", "{t}.min().item()", "{t}.std().item()", "{t}.var().item()",
+    "{t}.norm().item()", "{t}.mean().item()", "float({t}.sum())", "{t}.median().item()",
+    "torch.quantile({t}.flatten(), 0.75).item()", "{t}.amax().item()", "torch.aminmax({t})[1].item()",
+    "{t}.flatten().kthvalue(1).values.item()", "{t}.flatten().topk(1).values.item()",
+    "{t}.flatten().sort().values[-1].item()", "float(torch.count_nonzero({t} > 0))",
+    "float(torch.isnan({t}).any())", "float(torch.linalg.vector_norm({t}, ord=float('inf')))",
+    "float(torch.histc({t}, bins=3).max())", "float(torch.unique(({t} > 0).int()).numel())",
+    "float(len(torch.where({t} > 0)[0]))", "float(torch.allclose({t}, {t} * 1.0))",
+    "float(bool(({t} > -3).all()))", "float({t}.prod())", "float({t}.nansum())",
+    "float(torch.var_mean({t}, 0)[1].sum())", "sum({t}.tolist()[0])",
+]
+
+
+def _read_and_use(ctx: Context, sources: List[str], write_to: str, register: str, i: int) -> List[str]:
+    """A value read from one of `sources` and used: a branch, a buffer, a scale. tolist() reads
+    only the first source: after deferred_init returned, that is the handed-out parameter itself,
+    and a fake computed from it has no tolist() (Note [Handed-out fakes after deferred_init])."""
+    template = ctx.pick(_READS)
+    read = template.format(t=sources[0] if "tolist" in template else ctx.pick(sources))
+    use = ctx.pick(["branch", "buffer", "scale"])
+    if use == "branch":
+        return [f"if {read} > {ctx.value()}:", f"    {write_to}.data.mul_(0.5)"]
+    if use == "buffer":
+        return [f'{register}.register_buffer("rv{i}", torch.tensor({read}))']
+    return [f"{write_to}.data.mul_(1.0 / (abs({read}) + 1.0))"]
+
+
+def value_reads(ctx: Context) -> List[str]:
+    """Values read from recorded fakes (reductions, then item(), float(), bool(), tolist()) and
+    branches on them, while recording and after deferred_init returned (Note [Reading values while
+    recording])."""
+    i, (rows, cols) = ctx.fresh(), ctx.shape(2, 6)
+    name = f"self.r{i}"
+    lines = [f"{name} = nn.Parameter(torch.randn({rows}, {cols}))"]
+    when = ctx.pick(["during", "after", "both"])
+    if when in ("during", "both"):
+        lines += _read_and_use(ctx, [f"{name}.detach()"], name, "self", i)
+    if when in ("after", "both"):
+        ctx.after += _read_and_use(ctx, [f"m.r{i}", f"m.r{i}.detach()"], f"m.r{i}", "m", 1000 + i)
+    return lines
+
+
+def after_init(ctx: Context) -> List[str]:
+    """Init code run after deferred_init returned, as torchtitan's init_weights does: nn.init
+    calls (trunc_normal_ among them), .data writes, reset_parameters(), casts."""
+    i, d, o = ctx.fresh(), ctx.rng.randint(1, 6), ctx.rng.randint(1, 6)
+    lines = [f"self.t{i} = nn.Sequential(nn.Linear({d}, {o}), nn.LayerNorm({o}))"]
+    w, b = f"m.t{i}[0].weight", f"m.t{i}[0].bias"
+    calls = [
+        f"nn.init.trunc_normal_({w}, std=0.02)",
+        f"nn.init.trunc_normal_({w}.data, mean=0.1, std=1.0, a=-1.5, b=1.5)",
+        f"nn.init.normal_({w}, std={abs(ctx.value()) + 0.01})",
+        f"nn.init.zeros_({b})",
+        f"nn.init.xavier_uniform_({w})",
+        f"nn.init.orthogonal_({w})",
+        f"m.t{i}[0].reset_parameters()",
+        f"m.t{i}.apply(lambda s: nn.init.ones_(s.weight) if isinstance(s, nn.LayerNorm) else None)",
+        f"with torch.no_grad(): {w}.clamp_(-0.1, 0.1)",
+        f"{w}.data.uniform_(-0.5, 0.5)",
+        # No draw from the default generator here: after a trunc_normal_ run after deferred_init
+        # returned, the generator is owed until materialization, and torchdefer warns that real
+        # draws made meanwhile differ from eager's (Note [The generator after deferred_init]).
+        f"with torch.no_grad(): {w}[0].copy_(torch.linspace(-1, 1, {d}))",
+        f"m.t{i}[1].weight.data.fill_({ctx.value()})",
+        f"m.t{i}.to(torch.float64)",
+    ]
+    for _ in range(ctx.rng.randint(1, 3)):
+        ctx.after.append(ctx.pick(calls))
+    return lines
+
+
 FAMILIES: Dict[str, Snippet] = {
     "basics": basics,
     "init": init,
@@ -541,6 +686,11 @@ FAMILIES: Dict[str, Snippet] = {
     "aliasing": aliasing,
     "generators": generators,
     "parametrizations": parametrizations,
+    "deepcopies": deepcopies,
+    "norm_train": norm_train,
+    "conj_views": conj_views,
+    "value_reads": value_reads,
+    "after_init": after_init,
 }
 
 
@@ -550,11 +700,12 @@ class Program:
     families: Tuple[str, ...]  # the family of each snippet, in order
     source: str
 
-    def build(self) -> type:
-        """Executes the source and returns the module class M it defines."""
+    def build(self) -> Tuple[type, Callable[[object], None]]:
+        """Executes the source and returns the module class M and the function after(m) it
+        defines."""
         namespace: Dict[str, object] = {}
         exec(compile(self.source, f"<fuzz program {self.seed}>", "exec"), namespace)
-        return namespace["M"]  # type: ignore[return-value]
+        return namespace["M"], namespace["after"]  # type: ignore[return-value]
 
 
 def generate(seed: int, families: Sequence[str]) -> Program:
@@ -571,4 +722,6 @@ def generate(seed: int, families: Sequence[str]) -> Program:
         body.extend(FAMILIES[family](ctx))
     lines = [HEADER, "", "class M(nn.Module):", "    def __init__(self):", "        super().__init__()"]
     lines += ["        " + line for line in body]
+    lines += ["", "", "def after(m):"]
+    lines += ["    " + line for line in ctx.after] if ctx.after else ["    pass"]
     return Program(seed, chosen, "\n".join(lines) + "\n")

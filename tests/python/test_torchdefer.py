@@ -209,10 +209,12 @@ def test_data_dependent_reads_of_fakes_that_record_nothing_are_refused():
         with pytest.raises(RuntimeError, match="made under a FakeMode, which records nothing"):
             x.tolist()
     deferred = torchdefer.deferred_init(torch.nn.Linear, 2, 2)
-    # After deferred_init returned, tolist is torch's own (the package changes nothing outside
-    # deferred_init and fake_mode), and the fake refuses the memory read.
+    # After deferred_init returned, tolist is torch's own on a fake computed from a handed-out one
+    # (the package changes nothing outside deferred_init and fake_mode), and the fake refuses the
+    # memory read; the handed-out parameter reads its values (Note [Handed-out fakes after
+    # deferred_init]).
     with pytest.raises(RuntimeError, match=r"Cannot access the data or storage of fake Float\[2, 2\]"):
-        deferred.weight.tolist()
+        (deferred.weight * 1).tolist()
     # item() goes through the dispatcher, where the recorder reads a recorded fake's values even
     # after its deferred_init returned (issue 12 item 3).
     assert deferred.weight.sum().item() == torchdefer.materialize_tensor(deferred.weight).sum().item()

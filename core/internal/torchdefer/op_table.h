@@ -69,6 +69,7 @@ enum class ValueRule : uint8_t {
   kAlways,
   kWithBoolIndex,    // aten::index with a boolean or byte mask among its indices
   kWithFakeRepeats,  // repeat_interleave with tensor repeats that are fake and no output_size
+  kConditionOnly,    // where(condition), torch.where's one-argument form: nonzero of it
 };
 
 // A meta rule: an op's meta outputs from its meta arguments (Note [Meta rules]).
@@ -91,6 +92,9 @@ struct OpInfo {
   // Arguments (bit i: the i-th of the schema) the kernel writes although the schema marks no
   // write: Note [Writes the schema does not show].
   uint32_t unmarked_writes = 0;
+  // A composite op recorded as the ops its kernel calls, not as one call: Note [Composite ops that
+  // read values inside].
+  bool records_its_parts = false;
 };
 
 // Whether `op`'s kernel may write its argument `index`: the schema marks it written, or the op
