@@ -8,12 +8,14 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/view_as_real.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -425,6 +427,25 @@ void fill_through_host(const at::Tensor& out, const math::ElementParams& params,
   }
 }
 
+// A complex output is its real view (Note [Counter RNG]).
+void fill_complex(const at::Tensor& out, const CounterDistributionParams& params, uint64_t seed,
+                  uint64_t stream, c10::IntArrayRef global, const std::vector<int64_t>& start) {
+  TORCH_CHECK(params.distribution == CounterDistribution::kUniform ||
+                  params.distribution == CounterDistribution::kNormal,
+              "torchdefer: counter RNG fills a complex tensor (", out.scalar_type(), out.sizes(),
+              ") only with a uniform or normal draw, as torch does; materialize it "
+              "with rng=\"torch\", or draw its real and imaginary parts as real tensors.");
+  CounterDistributionParams real = params;
+  if (params.distribution == CounterDistribution::kNormal) {
+    real.b = params.b / std::sqrt(2.0);
+  }
+  std::vector<int64_t> real_global(global.begin(), global.end());
+  real_global.push_back(2);
+  std::vector<int64_t> real_start = start;
+  real_start.push_back(0);
+  counter_fill(at::view_as_real(out), real, seed, stream, CounterRegion{real_global, real_start});
+}
+
 }  // namespace
 
 void counter_fill(const at::Tensor& out, const CounterDistributionParams& params, uint64_t seed,
@@ -448,6 +469,10 @@ void counter_fill(const at::Tensor& out, const CounterDistributionParams& params
                 " along dimension ", d, ".");
   }
   if (out.numel() == 0) {
+    return;
+  }
+  if (out.is_complex()) {
+    fill_complex(out, params, seed, stream, global, start);
     return;
   }
   const math::ElementParams element = element_params(params, seed, stream);

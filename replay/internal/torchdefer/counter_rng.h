@@ -35,6 +35,10 @@ namespace torchdefer {
 //  * truncated normal(mean, std, low, high) (Note [Counter-mode truncated normal]): u the uniform
 //    over [erf(α/√2), erf(β/√2)) with α, β = (low or high − mean)/std, the value
 //    clamp(mean + std·(√2·erfinv(u)), low, high), in double, then rounded.
+//  * A complex output (uniform and normal, the two torch draws for complex tensors) is its real
+//    view, as ATen fills it: element e of the view_as_real shape [..., 2] is the real (e even) or
+//    imaginary (e odd) part, and normal's std is std/√2, so that the complex value has variance
+//    std², as eager's does. A shard's box of a complex tensor is then the same box of that view.
 //
 // Every step is IEEE + − × ÷ and sqrt, exact bit operations, and torchdefer's own log, exp,
 // sincos, erf and erfinv built from those (counter_math below), compiled with FP contraction off
