@@ -6,8 +6,9 @@ needs from the global generator (no weights, no network)."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
+import pytest
 import torch
 import torchdefer
 
@@ -164,3 +165,24 @@ def check_shards(build: Build, seed: int = 0, world_sizes=WORLD_SIZES) -> None:
             else:
                 _place_shards(value, pieces, f"W={world} {name}", problems)
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(sorted(problems)[:12])
+
+
+def library_tests(cases: Dict[str, Build], world_sizes: Optional[Dict[str, Tuple[int, ...]]] = None):
+    """A library file's two tests, parametrized over its cases: torch mode against eager, and
+    shards against the full counter model (over `world_sizes[case]` where a case names its own).
+    A file binds them to the names pytest collects:
+
+        test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+            library_tests(CASES))
+    """
+    own_world_sizes = world_sizes or {}
+
+    @pytest.mark.parametrize("case", list(cases))
+    def test_torch_mode_equals_eager(case):
+        check_torch_mode(cases[case])
+
+    @pytest.mark.parametrize("case", list(cases))
+    def test_shards_concatenate_to_the_full_counter_model(case):
+        check_shards(cases[case], world_sizes=own_world_sizes.get(case, WORLD_SIZES))
+
+    return test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model

@@ -3,12 +3,11 @@ experts (one expert deep-copied per local expert) and its top-k gate, and FairSc
 FlattenParamsWrapper, which concatenates a module's parameters into one flat parameter and makes
 the originals views of it."""
 
-import pytest
 import torch
 from deepspeed.moe.experts import Experts
 from deepspeed.moe.sharded_moe import TopKGate
 from fairscale.nn.misc import FlattenParamsWrapper
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 
 
 def _experts_and_gate():
@@ -23,11 +22,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

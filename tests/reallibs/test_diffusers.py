@@ -1,11 +1,10 @@
 """diffusers (Hugging Face's diffusion zoo): UNets, autoencoders and diffusion transformers
 built from the small configs of the library's own unit tests, no weights."""
 
-import pytest
 from diffusers import (AutoencoderKL, DiTTransformer2DModel, FluxTransformer2DModel,
                        SD3Transformer2DModel, UNet1DModel, UNet2DConditionModel, UNet2DModel,
                        VQModel)
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 
 CASES = {
     "diffusers/unet2d": lambda: UNet2DModel(
@@ -48,11 +47,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

@@ -6,12 +6,11 @@ products with their path weights, gates, equivariant batch norm)."""
 import argparse
 
 import esm
-import pytest
 import torch
 from e3nn import nn as enn
 from e3nn import o3
 from esm.model.esm2 import ESM2
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 
 
 def _parsed(model, **overrides):
@@ -52,11 +51,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

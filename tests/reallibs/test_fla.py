@@ -6,8 +6,7 @@ small configs (their Triton kernels run only in the forward, never at constructi
 import warnings
 
 import fla.models as fla_models
-import pytest
-from harness import WORLD_SIZES, check_shards, check_torch_mode
+from harness import library_tests
 
 warnings.filterwarnings("ignore", message=".*CPU.*")  # fla warns that it runs best on a GPU
 
@@ -33,17 +32,10 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
 # RWKV7's orthogonal inits (a QR each) are computed whole on every rank, region replay's fallback
 # for them, so each rank costs about the full model (4 s of CPU at W = 7): over two world sizes
 # its check stays near 10 s instead of 40.
 _WORLD_SIZES = {"fla/rwkv7": (2, 3)}
 
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case], world_sizes=_WORLD_SIZES.get(case, WORLD_SIZES))
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES, _WORLD_SIZES))

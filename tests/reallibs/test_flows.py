@@ -5,10 +5,9 @@ matrix, data-dependent ActNorm, random permutations by scatter), nflows (random 
 QR, SVD and Householder linear maps) and torchdiffeq (a buffer that is an ODE solution)."""
 
 import normflows as nf
-import pytest
 import torch
 import zuko
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 from nflows import distributions as nflows_distributions
 from nflows import flows as nflows_flows
 from nflows import transforms as T
@@ -96,11 +95,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

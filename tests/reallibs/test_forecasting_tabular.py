@@ -5,12 +5,11 @@ Transformer (variable selection networks, gated residual networks, LSTMs), N-BEA
 and pytorch-tabnet's TabNet (ghost batch norm, attentive transformers with xavier gains computed
 from layer widths, a feature-group matrix, categorical embeddings) and its pretraining model."""
 
-import pytest
 import torch
 from chronos.chronos2.config import Chronos2CoreConfig
 from chronos.chronos2.model import Chronos2Model
 from chronos.chronos_bolt import ChronosBoltModelForForecasting
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 from pytorch_forecasting.models import NBeats, NHiTS
 from pytorch_forecasting.models.temporal_fusion_transformer import TemporalFusionTransformer
 from pytorch_tabnet.tab_network import TabNet, TabNetPretraining
@@ -75,11 +74,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

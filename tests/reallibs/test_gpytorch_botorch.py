@@ -4,14 +4,13 @@ normalize their training data while they are built (transforms whose buffers are
 recorded values), with multi-task, mixed categorical and multi-fidelity kernels."""
 
 import gpytorch
-import pytest
 import torch
 from botorch.models import (KroneckerMultiTaskGP, MixedSingleTaskGP, ModelListGP, MultiTaskGP,
                             SingleTaskGP, SingleTaskMultiFidelityGP, SingleTaskVariationalGP)
 from botorch.models.transforms import Normalize, Standardize
 from gpytorch.kernels import MaternKernel, ScaleKernel, SpectralMixtureKernel
 from gpytorch.priors import GammaPrior
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 
 f64 = torch.float64
 
@@ -76,11 +75,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

@@ -1,8 +1,7 @@
 """Lightning AI's litgpt (a training and fine-tuning framework: GPT with its named configs
 shrunk, LoRA and MoE variants) and mambapy (pure-PyTorch Mamba and Jamba state-space models)."""
 
-import pytest
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 from litgpt import GPT, Config
 from litgpt.lora import GPT as LoRAGPT
 from litgpt.lora import Config as LoRAConfig
@@ -35,11 +34,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

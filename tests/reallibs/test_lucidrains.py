@@ -4,9 +4,8 @@ with tied layers, Perceiver IO) and linear-attention-transformer (reversible lay
 attention heads), reformer-pytorch (LSH attention, axial positions, product-key memory) and
 performer-pytorch (FAVOR+ random features, reversible)."""
 
-import pytest
 import torch
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 from linear_attention_transformer import LinearAttentionTransformerLM
 from perceiver_pytorch import Perceiver, PerceiverIO
 from performer_pytorch import PerformerLM
@@ -69,11 +68,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

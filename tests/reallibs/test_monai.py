@@ -2,9 +2,8 @@
 (residual U-Net, Swin UNETR, UNETR, DynUNet with deep supervision, DenseNet, SegResNet, the
 latent-diffusion autoencoder and diffusion U-Net), with their trunc_normal_ and kaiming inits."""
 
-import pytest
 import torch
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 from monai.networks import nets
 
 CASES = {
@@ -35,11 +34,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

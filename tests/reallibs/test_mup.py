@@ -5,9 +5,8 @@ infshape's width multiplier. A readout shared with the embedding (MuSharedReadou
 weight."""
 
 import mup
-import pytest
 import torch
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 from mup.layer import MuSharedReadout
 
 
@@ -47,11 +46,5 @@ def _lm():
 CASES = {"mup/mlp-readout": _mlp, "mup/shared-readout-transformer": _lm}
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

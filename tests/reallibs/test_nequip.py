@@ -3,9 +3,8 @@ generator inside Lightning's isolate_rng() and restores the caller's afterwards,
 under a default-dtype context, and holds per-type energy scales and shifts, Bessel radial bases
 and a polynomial cutoff as buffers."""
 
-import pytest
 import torch
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 from nequip.model import NequIPGNNModel
 from nequip.utils.global_state import set_global_state
 
@@ -27,11 +26,5 @@ def _nequip():
 CASES = {"nequip/gnn-seeded-in-isolate-rng": _nequip}
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

@@ -3,10 +3,9 @@ bfloat16 as fine-tuning recipes load it): the adapters' own initialization code 
 variants, DoRA's weight norms, OLoRA's QR, LoHa, LoKr, IA3, VeRA's shared projections, OFT),
 each built with its base model under deferred_init."""
 
-import pytest
 import torch
 import transformers
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 from peft import (IA3Config, LoHaConfig, LoKrConfig, LoraConfig, OFTConfig, VeraConfig,
                   get_peft_model)
 
@@ -42,11 +41,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

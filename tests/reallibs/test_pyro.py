@@ -10,9 +10,8 @@ its own parameters."""
 import pyro
 import pyro.distributions as dist
 import pyro.distributions.transforms as T
-import pytest
 import torch
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 from pyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoMultivariateNormal, AutoNormal
 from pyro.nn import PyroModule, PyroParam, PyroSample
 from torch.distributions import constraints
@@ -64,11 +63,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

@@ -2,9 +2,8 @@
 static embedding over a word-level tokenizer made in place, a dense projection and a normalizer;
 its LSTM, CNN, weighted layer pooling, layer norm and pooling modules."""
 
-import pytest
 import torch
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import (CNN, LSTM, Dense, LayerNorm,
                                                                 Normalize, Pooling,
@@ -32,11 +31,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

@@ -4,10 +4,9 @@ edge features, learnable temperatures); BasicGNN deep-copies its normalization l
 lazy layers (in_channels=-1) learn their shapes from a forward while the model is built, and
 to_hetero rewrites a model per node and edge type with torch.fx."""
 
-import pytest
 import torch
 import torch_geometric.nn as gnn
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 from torch_geometric.nn import models, to_hetero
 
 def _lazy_with_forward():
@@ -55,11 +54,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

@@ -7,9 +7,8 @@ norm hooks, and pruning masks; lazy layers shaped by a forward; quantization-awa
 prepared and run once (fused conv + batch norm, fake-quantize observers) and an EMA copy
 (AveragedModel deep-copies the model) updated once, both while building."""
 
-import pytest
 import torch
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 import torch.ao.quantization as quantization
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
@@ -98,11 +97,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

@@ -4,9 +4,8 @@ renormalization, an LSTM module), loss modules that keep their networks' paramet
 TensorDictParams and clone target networks from them (DQN with a delayed target, SAC with two
 Q-networks), and TensorDictParams built from a module by hand."""
 
-import pytest
 import torch
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 from tensordict import TensorDict
 from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictParams
 from torchrl.modules import (MLP, BatchRenorm1d, DuelingCnnDQNet, LSTMModule, NoisyLinear,
@@ -70,11 +69,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))

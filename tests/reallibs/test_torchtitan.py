@@ -2,8 +2,7 @@
 (config.build(), then init_weights(): per-parameter truncated normals with depth-scaled
 stds, complex RoPE tables as buffers), at the debug model's layout made smaller."""
 
-import pytest
-from harness import check_shards, check_torch_mode
+from harness import library_tests
 from torchtitan.models import llama3
 from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
 
@@ -38,11 +37,5 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_torch_mode_equals_eager(case):
-    check_torch_mode(CASES[case])
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_shards_concatenate_to_the_full_counter_model(case):
-    check_shards(CASES[case])
+test_torch_mode_equals_eager, test_shards_concatenate_to_the_full_counter_model = (
+    library_tests(CASES))
