@@ -176,7 +176,7 @@ PYBIND11_MODULE(_C, m) {
       .def("__enter__", &RecordingContext::enter)
       .def("__exit__", [](RecordingContext& self, py::args) { self.exit(); });
 
-  m.def("_settle_default_generator", &settle_default_generator,
+  m.def("_settle_default_generator", &settle_default_generator, py::arg("about_to_read") = true,
         "Applies this thread's recorded draws to the default CPU generator now.");
 
   py::class_<FakeModeContext>(m, "_FakeMode")

@@ -16,12 +16,15 @@ These functions are plain Python that call the generator with no tensor argument
 torch-function mode sees them. While any recording scope is open (deferred_init, a deferred()
 block), ``torch.get_rng_state``, ``set_rng_state``, ``manual_seed`` and ``seed``, in ``torch``
 and in ``torch.random``, are wrappers that first apply this thread's pending draws
-(``_C._settle_default_generator``: one jump; a recording that owes value-dependent samplers
-resolves them first, at eager's cost), then call torch's function. The state read is then
-eager's, and a restore or a reseed changes the generator, which the next recorded random op
-notices, starting a new anchor there. On a thread with nothing pending the wrapper only adds the
-call. The wrappers are installed by the first scope to open and removed by the last to close (a
-count under a lock), as the module registration hooks of Note [deferred() is deferred_init
+(``_C._settle_default_generator``: one jump), then call torch's function. The state read is
+then eager's, and a restore or a reseed changes the generator, which the next recorded random op
+notices, starting a new anchor there. Only ``get_rng_state`` resolves value-dependent samplers
+(``trunc_normal_``) still owed, by this recording or an earlier one (the generator's debt is the
+process's, Note [The owed generator's mark]), at eager's cost: the setters replace the state,
+which makes those draws moot, so they apply this thread's plain draws and leave the generator
+owed (marked, so that even a reseed to the recording's starting seed is seen as a change). With
+nothing pending the wrapper only adds the call. The wrappers are installed by the first scope to
+open and removed by the last to close (a count under a lock), as the module registration hooks of Note [deferred() is deferred_init
 without a callable] are; another thread sees them, and they call torch's own function for it.
 
 Not seen: ``torch.default_generator.get_state()`` called directly, references to these functions
@@ -45,10 +48,10 @@ _open = 0
 _saved: List[Tuple[Any, str, Callable[..., Any]]] = []
 
 
-def _settled_first(function: Callable[..., Any]) -> Callable[..., Any]:
+def _settled_first(function: Callable[..., Any], about_to_read: bool) -> Callable[..., Any]:
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _C._settle_default_generator()
+        _C._settle_default_generator(about_to_read)
         return function(*args, **kwargs)
 
     return wrapper
@@ -59,7 +62,8 @@ def _install() -> None:
     for module in (torch, torch.random):
         for name in _NAMES:
             function = getattr(module, name)
-            wrapper = wrappers.setdefault(id(function), _settled_first(function))
+            wrapper = wrappers.setdefault(
+                id(function), _settled_first(function, about_to_read=name == "get_rng_state"))
             _saved.append((module, name, function))
             setattr(module, name, wrapper)
 

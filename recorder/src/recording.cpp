@@ -632,7 +632,13 @@ at::Tensor read_values(const at::Tensor& t) {
   return reader->read(t);
 }
 
-void settle_default_generator() { detail::settle_generator_exactly(); }
+void settle_default_generator(bool about_to_read) {
+  if (about_to_read) {
+    detail::settle_generator_exactly();
+    return;
+  }
+  detail::settle_generator();
+}
 
 namespace detail {
 

@@ -392,11 +392,18 @@ RecordedDraws run_on_scratch_now(const std::shared_ptr<OpGraph>& graph, const Re
   return draws;
 }
 
-// The position of `node`'s `generator=` argument (of operator `op`) when it is given one.
+// The position of `node`'s `generator=` argument (of operator `op`) when it is given one other
+// than the default CPU generator: `generator=torch.default_generator` draws as no argument does,
+// so the op joins the chain (its own anchor would miss the chain's draws not yet applied).
 std::optional<size_t> explicit_generator_argument(const RandomOperator& op,
                                                   const RecordedNode& node) {
   const std::optional<size_t> argument = op.generator;
   if (!argument || *argument >= node.arguments.size() || !node.arguments[*argument].isGenerator()) {
+    return std::nullopt;
+  }
+  const at::Generator generator = node.arguments[*argument].toGenerator();
+  if (generator.unsafeGetGeneratorImpl() ==
+      at::detail::getDefaultCPUGenerator().unsafeGetGeneratorImpl()) {
     return std::nullopt;
   }
   return argument;

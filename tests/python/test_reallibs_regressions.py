@@ -261,3 +261,54 @@ def test_the_generator_state_functions_are_torchs_own_outside_recording():
     assert functions == [getattr(m, n) for m in (torch, torch.random)
                          for n in ("get_rng_state", "set_rng_state", "manual_seed", "seed")]
     assert torch.get_rng_state.__module__ == "torch.random"
+
+
+def _reseeds_after_a_truncated_normal():
+    """A value-dependent sampler leaves the generator owed; the reseed to the starting seed after
+    it must still be seen as a reseed (Note [The owed generator's mark])."""
+    module = torch.nn.Module()
+    module.truncated = torch.nn.Parameter(torch.empty(8, 8))
+    torch.nn.init.trunc_normal_(module.truncated, std=0.02)
+    torch.manual_seed(0)
+    module.after = torch.nn.Linear(4, 4)
+    return module
+
+
+def _draws_from_the_default_generator_by_name():
+    module = torch.nn.Module()
+    module.first = torch.nn.Linear(4, 4)
+    module.register_buffer("noise", torch.randn(32, generator=torch.default_generator))
+    module.second = torch.nn.Linear(4, 4)
+    return module
+
+
+@pytest.mark.parametrize("build", [_reseeds_after_a_truncated_normal,
+                                   _draws_from_the_default_generator_by_name])
+def test_reseeds_after_samplers_and_the_default_generator_by_name_give_eagers_values(build):
+    _assert_bitwise_like_eager(build)
+    torch.manual_seed(0)
+    build()
+    eager_rng = torch.get_rng_state()
+    torch.manual_seed(0)
+    torchdefer.deferred_init(build)
+    assert torch.equal(torch.get_rng_state(), eager_rng)
+
+
+def test_a_reseed_while_recording_does_not_resolve_the_samplers_it_makes_moot():
+    """Resolving a value-dependent sampler costs a scratch tensor of its size: this one could not
+    be allocated, so reseeding after it must leave it recorded, as the reseed makes it moot."""
+    def build():
+        module = torch.nn.Module()
+        module.huge = torch.nn.Parameter(torch.empty(1 << 22, 1 << 20))  # 16 TiB in float32
+        torch.nn.init.trunc_normal_(module.huge, std=0.02)
+        torch.manual_seed(1)
+        module.small = torch.nn.Linear(4, 4)
+        return module
+
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(build)
+    torchdefer.materialize_module(model.small)
+    torch.manual_seed(1)
+    expected = torch.nn.Linear(4, 4)
+    assert torch.equal(model.small.weight, expected.weight)
+    assert torch.equal(model.small.bias, expected.bias)

@@ -124,8 +124,11 @@ TORCHDEFER_API at::Tensor read_values(const at::Tensor& t);
 // one jump (Note [Torch-mode draw offsets]); this applies them now, resolving value-dependent
 // samplers first if any (Note [Lazy RNG anchors]), and the next random op starts a new anchor.
 // Does nothing when no draws are pending (Note [The generator's state read while recording] in
-// bindings/torchdefer/_generator_state.py).
-TORCHDEFER_API void settle_default_generator();
+// bindings/torchdefer/_generator_state.py). With `about_to_read` false (code about to set the
+// state: torch.manual_seed, set_rng_state), value-dependent samplers are not resolved: the set
+// makes their draws moot, and the generator stays owed until the set replaces it (Note [The owed
+// generator's mark]), so a reseed costs no eager work.
+TORCHDEFER_API void settle_default_generator(bool about_to_read = true);
 
 // The recorded operations that will produce `t`'s data, in order, one line, e.g.
 // "empty([4096, 4096]) → uniform_(-0.015625, 0.015625)". Says so when `t` is real or a fake that
