@@ -217,7 +217,11 @@ std::vector<int64_t> reduced_sizes(const at::Tensor& self, const c10::IValue& di
       std::fill(reduced.begin(), reduced.end(), true);
     }
     for (int64_t d : list) {
-      reduced[static_cast<size_t>(c10::maybe_wrap_dim(d, self.dim()))] = true;
+      const auto wrapped = static_cast<size_t>(c10::maybe_wrap_dim(d, self.dim()));
+      TORCH_CHECK(!reduced[wrapped], "dimension ", d,
+                  " appears more than once in the reduction's dims ", c10::IntArrayRef(list),
+                  ", as eager refuses.");
+      reduced[wrapped] = true;
     }
   }
   std::vector<int64_t> sizes;
@@ -260,16 +264,37 @@ Outputs full_reduction(Arguments args) {
   return {meta_empty({}, self, self.scalar_type())};
 }
 
-// prod(self, *, dtype=None), trace(self)
+Outputs full_extremum(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  TORCH_CHECK(self.numel() > 0, "max()/min() of an empty tensor ", self.sizes(),
+              " has no value, as in eager; give the reduction a dim.");
+  return {meta_empty({}, self, self.scalar_type())};
+}
+
+// prod(self, *, dtype=None)
 Outputs full_reduction_to_long(Arguments args) {
   const at::Tensor& self = args[0].toTensor();
   const c10::IValue none;
   return {meta_empty({}, self, accumulated_dtype(self, args.size() > 1 ? args[1] : none))};
 }
 
+Outputs trace(Arguments args) {
+  const at::Tensor& self = args[0].toTensor();
+  TORCH_CHECK(self.dim() == 2, "trace() of a ", self.dim(),
+              "-dimensional tensor: trace takes a matrix, as in eager.");
+  return full_reduction_to_long(args);
+}
+
 // std/var.correction(self, dim=None, *, correction=None, keepdim=False)
+void check_variance_dtype(const at::Tensor& self) {
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()) || at::isComplexType(self.scalar_type()),
+              "std/var of a ", self.scalar_type(),
+              " tensor: they take floating or complex tensors only, as in eager.");
+}
+
 Outputs variance(Arguments args) {
   const at::Tensor& self = args[0].toTensor();
+  check_variance_dtype(self);
   return {meta_empty(reduced_sizes(self, args[1], args[3].toBool()), self,
                      c10::toRealValueType(self.scalar_type()))};
 }
@@ -277,6 +302,7 @@ Outputs variance(Arguments args) {
 // std_mean/var_mean.correction(self, dim=None, *, correction=None, keepdim=False)
 Outputs variance_and_mean(Arguments args) {
   const at::Tensor& self = args[0].toTensor();
+  check_variance_dtype(self);
   const std::vector<int64_t> sizes = reduced_sizes(self, args[1], args[3].toBool());
   return {meta_empty(sizes, self, c10::toRealValueType(self.scalar_type())),
           meta_empty(sizes, self, self.scalar_type())};
@@ -286,13 +312,24 @@ Outputs variance_and_mean(Arguments args) {
 // last two arguments are the dimension and keepdim.
 Outputs values_and_indices(Arguments args) {
   const size_t n = args.size();
-  return values_and_indices_along(args[0].toTensor(), args[n - 2].toInt(), args[n - 1].toBool());
+  const at::Tensor& self = args[0].toTensor();
+  const int64_t dim = args[n - 2].toInt();
+  const int64_t size = self.dim() == 0 ? 1 : self.size(c10::maybe_wrap_dim(dim, self.dim()));
+  TORCH_CHECK(size > 0, "median/mode/kthvalue along dimension ", dim, " of size 0 of a tensor ",
+              self.sizes(), " has no value, as in eager.");
+  if (n == 4) {  // kthvalue(self, k, dim, keepdim)
+    const int64_t k = args[1].toInt();
+    TORCH_CHECK(k >= 1 && k <= size, "kthvalue(k=", k, ") along dimension ", dim, " of size ", size,
+                ": k must be in [1, ", size, "], as in eager.");
+  }
+  return values_and_indices_along(self, dim, args[n - 1].toBool());
 }
 
-// cummax/cummin(self, dim)
+// cummax/cummin(self, dim): both outputs contiguous, as ATen's kernels make them.
 Outputs cumulative_values_and_indices(Arguments args) {
   const at::Tensor& self = args[0].toTensor();
-  return {like(self), meta_empty(self.sizes(), self, at::kLong)};
+  return {meta_empty(self.sizes(), self, self.scalar_type()),
+          meta_empty(self.sizes(), self, at::kLong)};
 }
 
 // count_nonzero.dim_IntList(self, dim): the dimensions are removed.
@@ -308,9 +345,10 @@ Outputs nansum(Arguments args) {
                      accumulated_dtype(self, args[3]))};
 }
 
+// Laid out like `self`, as TensorIterator lays out a pointwise op's output.
 Outputs same_shape_bool(Arguments args) {
   const at::Tensor& self = args[0].toTensor();
-  return {meta_empty(self.sizes(), self, at::kBool)};
+  return {at::empty_like(self, self.options().dtype(at::kBool))};
 }
 
 Outputs broadcast_bool(Arguments args) {

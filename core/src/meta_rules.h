@@ -50,9 +50,13 @@ Outputs geqrf(Arguments args);  // parametrizations.orthogonal's QR
 // `torch.isnan(w).any()`, a median or a k-th value to clip by. The reduction itself is recorded
 // (its value comes from the recording) and only the `item()` after it reads values (Note [Reading
 // values while recording]); so the reduction must run on fakes, which takes a meta kernel. In a
-// C++-only process these have none: the rules below shape them as their CPU kernels do.
-Outputs full_reduction(Arguments args);          // max(), min(), median(), nanmedian(): 0-dim
-Outputs full_reduction_to_long(Arguments args);  // prod(), trace(): integers accumulate in long
+// C++-only process these have none: the rules below shape and lay them out as their CPU kernels
+// do, and refuse what those refuse (an empty max(), a vector's trace, an integer var, k out of
+// range, a repeated dim), so a call eager rejects fails while recording, not at materialization.
+Outputs full_reduction(Arguments args);          // median(), nanmedian(): 0-dim
+Outputs full_extremum(Arguments args);           // max(), min(): 0-dim, of a non-empty tensor
+Outputs full_reduction_to_long(Arguments args);  // prod(): integers accumulate in long
+Outputs trace(Arguments args);                   // trace() of a matrix, as prod()
 Outputs variance(Arguments args);                // std/var.correction: real dtype
 Outputs variance_and_mean(Arguments args);       // std_mean/var_mean.correction
 Outputs values_and_indices(Arguments args);  // median.dim, kthvalue, mode: (self, .., dim, keepdim)

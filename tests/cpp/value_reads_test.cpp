@@ -188,6 +188,13 @@ TEST(ValueReads, MetaRulesGiveTheShapesAndDtypesOfTheCpuKernels) {
            }},
           {"cdist batched",
            [](auto& t, auto&) { return std::vector{at::cdist(t, t[0].unsqueeze(0))}; }},
+          {"cummax of a transposed tensor",
+           [](auto& t, auto&) {
+             auto [v, i] = t[0].t().cummax(0);
+             return std::vector{v, i};
+           }},
+          {"isnan of a transposed tensor",
+           [](auto& t, auto&) { return std::vector{at::isnan(t[0].t())}; }},
       };
   for (const auto& [name, call] : calls) {
     const std::vector<at::Tensor> expected = call(x, ints);
@@ -201,7 +208,28 @@ TEST(ValueReads, MetaRulesGiveTheShapesAndDtypesOfTheCpuKernels) {
       EXPECT_TRUE(is_fake(got[k])) << name;
       EXPECT_EQ(got[k].sizes(), expected[k].sizes()) << name << " output " << k;
       EXPECT_EQ(got[k].scalar_type(), expected[k].scalar_type()) << name << " output " << k;
+      EXPECT_EQ(got[k].strides(), expected[k].strides()) << name << " output " << k;
     }
+  }
+}
+
+TEST(ValueReads, MetaRulesRefuseWhatTheCpuKernelsRefuse) {
+  const at::Tensor x = torch::randn({3, 4});
+  std::vector<std::pair<std::string, std::function<void(const at::Tensor&)>>> calls = {
+      {"max of an empty tensor", [](auto& t) { t.narrow(0, 0, 0).max(); }},
+      {"trace of a vector", [](auto& t) { t[0].trace(); }},
+      {"var of ints", [](auto& t) { t.to(at::kInt).var(); }},
+      {"kthvalue beyond the dimension", [](auto& t) { t.kthvalue(9, 1); }},
+      {"median along an empty dimension", [](auto& t) { t.narrow(1, 0, 0).median(1); }},
+      {"count_nonzero with a repeated dim",
+       [](auto& t) {
+         at::count_nonzero(t, {0, 0});
+       }},
+  };
+  for (const auto& [name, call] : calls) {
+    EXPECT_THROW(call(x), c10::Error) << name << " (eager)";
+    FakeMode fake;
+    EXPECT_THROW(call(at::empty(x.sizes())), c10::Error) << name << " (fake)";
   }
 }
 
