@@ -273,9 +273,8 @@ class Recorder {
     }
     TORCH_CHECK(false, "torchdefer: ", facts_.name, " of ",
                 describe(stack_[first_argument_].toTensor()),
-                " while recording would make a conjugate or negative view, which fakes do not "
-                "keep. Use conj_physical() (or neg()) instead, or compute it after "
-                "materialization.");
+                " would make a conjugate or negative view of a fake, which fakes do not keep. "
+                "Use conj_physical() (or neg()) instead, or compute it after materialization.");
   }
 
   c10::ArrayRef<c10::IValue> arguments() const {
