@@ -100,7 +100,7 @@ void OpGraph::add_write(int64_t node, const at::Tensor& fake, int64_t known) {
 }
 
 void OpGraph::add_writer(int64_t storage, int64_t node) {
-  std::vector<int64_t>& writers = storages_[storage].writers;
+  auto& writers = storages_[storage].writers;
   if (writers.back() != node) {
     writers.push_back(node);
   }

@@ -67,10 +67,12 @@ struct RecordedValue {
 
 // Everything that ever put data into one storage.
 struct RecordedStorage {
-  c10::Storage identity;         // the fakes' meta storage; held so that its address stays unique
-  int64_t creator = -1;          // the node that created it
-  int64_t base_value = -1;       // the value that node returned for it
-  std::vector<int64_t> writers;  // the creator, then every in-place or out= write, in order
+  c10::Storage identity;    // the fakes' meta storage; held so that its address stays unique
+  int64_t creator = -1;     // the node that created it
+  int64_t base_value = -1;  // the value that node returned for it
+  // The creator, then every in-place or out= write, in order. Inline up to 2: most storages are
+  // created and filled once, and a heap list per storage was a visible share of recording.
+  c10::SmallVector<int64_t, 2> writers;
 };
 
 // Where a random op's draws start in torch RNG mode (Note [Torch-mode draw offsets]).
