@@ -111,6 +111,14 @@ constexpr OpInfo records_its_parts(std::string_view name) {
   return info;
 }
 
+// Note [Conjugate and negative views of fakes] in recorder/src/recording.cpp.
+constexpr OpInfo makes_bit_view(std::string_view name, BitView when) {
+  OpInfo info;
+  info.name = name;
+  info.bit_view = when;
+  return info;
+}
+
 // running_mean and running_var, arguments 3 and 4 of every op below.
 constexpr uint32_t kRunningStats = (1u << 3) | (1u << 4);
 
@@ -261,6 +269,13 @@ constexpr OpInfo kOps[] = {
     // Note [Composite ops that read values inside]
     records_its_parts("aten::quantile"),
     records_its_parts("aten::nanquantile"),
+
+    // Note [Conjugate and negative views of fakes]
+    makes_bit_view("aten::_conj", BitView::kAlways),
+    makes_bit_view("aten::_neg_view", BitView::kAlways),
+    makes_bit_view("aten::mH", BitView::kOfComplexInput),
+    makes_bit_view("aten::adjoint", BitView::kOfComplexInput),
+    makes_bit_view("aten::matrix_H", BitView::kOfComplexInput),
 
     // Meta rules (Note [Meta rules]).
     meta("aten::abs_", rules::in_place),

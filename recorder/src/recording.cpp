@@ -113,11 +113,7 @@ struct OperatorFacts {
   bool may_read_values = true;
   std::vector<bool> written;  // per schema argument
   bool writes = false;
-  // aten::_conj and aten::_neg_view: views that set a bit fakes do not keep.
-  bool bit_view = false;
-  // aten::mH, aten::adjoint, aten::matrix_H: composites that call _conj below the recorder when
-  // their input is complex (Note [Conjugate and negative views of fakes]).
-  bool conjugates_complex = false;
+  BitView bit_view = BitView::kNone;  // Note [Conjugate and negative views of fakes]
   // Recorded as the ops its composite kernel calls (Note [Composite ops that read values inside]).
   bool records_its_parts = false;
 };
@@ -128,11 +124,9 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
   facts.name = schema.name();
   facts.overload_name = schema.overload_name();
   facts.random = is_random(op);
-  facts.bit_view = facts.name == "aten::_conj" || facts.name == "aten::_neg_view";
-  facts.conjugates_complex =
-      facts.name == "aten::mH" || facts.name == "aten::adjoint" || facts.name == "aten::matrix_H";
   const OpInfo* info = find_op_info(std::string_view(schema.name()));
   facts.records_its_parts = info != nullptr && info->records_its_parts;
+  facts.bit_view = info != nullptr ? info->bit_view : BitView::kNone;
   if (info == nullptr || info->values == ValueRule::kFromTags) {
     facts.may_read_values = value_reading_api(op, {}).has_value();
   }
@@ -266,9 +260,11 @@ class Recorder {
   // name for a complex input: the Python layer refuses them while recording, this catches them on
   // recorded fakes after deferred_init returned too, where `.mH` materialized unconjugated values.
   void refuse_bit_views() const {
-    const bool conjugates = facts_.conjugates_complex && stack_[first_argument_].isTensor() &&
-                            stack_[first_argument_].toTensor().is_complex();
-    if (!has_fake_ || !(facts_.bit_view || conjugates)) {
+    const bool makes_one =
+        facts_.bit_view == BitView::kAlways ||
+        (facts_.bit_view == BitView::kOfComplexInput && stack_[first_argument_].isTensor() &&
+         stack_[first_argument_].toTensor().is_complex());
+    if (!has_fake_ || !makes_one) {
       return;
     }
     TORCH_CHECK(false, "torchdefer: ", facts_.name, " of ",

@@ -72,6 +72,13 @@ enum class ValueRule : uint8_t {
   kConditionOnly,    // where(condition), torch.where's one-argument form: nonzero of it
 };
 
+// Whether an op makes a conjugate or negative view, which fakes cannot keep.
+enum class BitView {
+  kNone,
+  kAlways,          // aten::_conj, aten::_neg_view
+  kOfComplexInput,  // composites that call _conj below the recorder for a complex input (mH, ...)
+};
+
 // A meta rule: an op's meta outputs from its meta arguments (Note [Meta rules]).
 using MetaRule = std::vector<c10::IValue> (*)(c10::ArrayRef<c10::IValue> arguments);
 
@@ -95,6 +102,8 @@ struct OpInfo {
   // A composite op recorded as the ops its kernel calls, not as one call: Note [Composite ops that
   // read values inside].
   bool records_its_parts = false;
+  // Makes a view that sets a bit fakes do not keep (Note [Conjugate and negative views of fakes]).
+  BitView bit_view = BitView::kNone;
 };
 
 // Whether `op`'s kernel may write its argument `index`: the schema marks it written, or the op
