@@ -18,21 +18,21 @@ time):
      transformers init primitive (transformers.initialization.TORCH_INIT_FUNCTIONS: normal_,
      ones_, ...) made to return its tensor untouched: transformers' own Python, which a recorder
      runs whatever an op costs it;
-  D  C's recording scope alone, without the recording's torch-function mode and without what
-     deferred_init does with its result (a measurement only: the mode is what makes repr,
-     trunc_normal_ and the other calls of Note [What recording changes, and where] right);
+  D  C's recording scope alone, without FakeTensorFunctions (the stand-ins of Note [What
+     recording changes, and where] and the CUDA flag) and without what deferred_init does with
+     its result (a measurement only: the stand-ins are what make repr, trunc_normal_ and the other
+     calls of that Note right);
   S  what deferred_init does with its result after the constructor (Note [One walk over a
      returned module]), timed on its own after a recording like C's.
 
-C − D − S is then what the torch-function mode costs: torch's own dispatch to a Python mode
-(argument tuples, the mode stash, the forwarded call parsed again; for a torch function written in
-Python, such as torch.nn.init.normal_, torch.overrides.handle_torch_function in Python) plus the
-mode's own __torch_function__. calls_C_python counts the calls of C whose function is written in
-Python.
+C − D − S is then what FakeTensorFunctions costs: installing and removing the stand-ins, and
+the Python call each stand-in adds to the torch calls it stands in for. (It was a torch-function
+mode, which torch handed every call: about 0.28 of A for Llama-70B.) calls_C_python counts the
+calls of C whose function is written in Python.
 
 With --per-call it prints instead what one call of each kind that C makes costs (µs of CPU, the
 minimum over 5 loops) in three settings: on the meta device as A builds (its torch.device mode
-active), recorded without the mode (D's setting) and recorded as deferred_init records (C's).
+active), recorded by the scope alone (D's setting) and recorded as deferred_init records (C's).
 
 A − T_A is the Python of the constructor; C records the same constructor and the walk, so no
 recorder, however cheap its ops, takes less than floor = A − T_A + W.
@@ -144,11 +144,11 @@ def measure(config: models.LlamaConfig) -> Dict[str, Any]:
     out["C_timed"] = timed(recorded_timed)
     out["T_C"], out["calls_C"], out["calls_C_python"] = clock.seconds, clock.calls, clock.python_calls
 
-    def recorded_without_mode():
-        with _C._RecordingScope("without the mode", False):
+    def recorded_by_the_scope_alone():
+        with _C._RecordingScope("the scope alone", False):
             build()
 
-    out["D"] = timed(recorded_without_mode)
+    out["D"] = timed(recorded_by_the_scope_alone)
 
     with _recording.mode(), _C._RecordingScope("settled", False):
         result = build()
@@ -167,7 +167,7 @@ def per_call(side: int = 1024) -> Dict[str, Dict[str, float]]:
 
     def settings():
         yield "meta", contextlib.ExitStack(), torch.device("meta")
-        yield "recorded, no mode", contextlib.ExitStack(), _C._RecordingScope("per call", False)
+        yield "recorded, scope only", contextlib.ExitStack(), _C._RecordingScope("per call", False)
         yield "recorded", _recording.mode(), _C._RecordingScope("per call", False)
 
     out: Dict[str, Dict[str, float]] = {}
@@ -222,7 +222,7 @@ def main(argv: List[str] = None) -> None:
         A_cpu_s=med("A", "cpu"), B_cpu_s=med("B", "cpu"), C_cpu_s=med("C", "cpu"), W_cpu_s=med("W", "cpu"),
         D_cpu_s=med("D", "cpu"), S_cpu_s=med("S", "cpu"),
         calls_A=med("calls_A"), calls_C=med("calls_C"), calls_C_python=med("calls_C_python"),
-        mode_over_A=statistics.median((r["C"]["wall"] - r["D"]["wall"] - r["S"]["wall"]) / r["A"]["wall"] for r in runs),
+        stand_ins_over_A=statistics.median((r["C"]["wall"] - r["D"]["wall"] - r["S"]["wall"]) / r["A"]["wall"] for r in runs),
         D_over_A=statistics.median(r["D"]["wall"] / r["A"]["wall"] for r in runs),
         S_over_A=statistics.median(r["S"]["wall"] / r["A"]["wall"] for r in runs),
         C_over_A=statistics.median(r["C"]["wall"] / r["A"]["wall"] for r in runs),

@@ -5,7 +5,7 @@ Note [deferred() is deferred_init without a callable]
 Frameworks give users a place to build a model in a ``with`` block (Lightning Fabric's
 ``init_module()``, accelerate's ``init_empty_weights()``), not a callable to hand over. The block
 opens what ``deferred_init`` opens around its callable, on the same thread and in the same order:
-the torch-function mode of Note [What recording changes, and where] (in ``_recording.py``), then
+the FakeTensorFunctions of Note [What recording changes, and where] (in ``_recording.py``), then
 the C++ ``RecordingScope``, one new recording per block. So everything ``deferred_init`` does
 while it runs, the block does too, and nothing else: factories return fakes, operations on them
 are recorded, blocks and ``deferred_init`` calls nest (each inner one records its own graph), the
@@ -32,7 +32,7 @@ submodule, is not listed (it is still materialized by ``materialize_module`` lik
 Note [Exits in order]
 ~~~~~~~~~~~~~~~~~~~~~
 What a callable guarantees and a block does not is the order of exits. The recording state lives
-in the thread that opened it (torch's mode stack, the C++ scope's thread-locals), and it is a
+in the thread that opened it (its FakeTensorFunctions, the C++ scope's thread-locals), and it is a
 stack. A block that ends on another thread (a generator suspended inside it and resumed
 elsewhere) or out of order (``__exit__`` called by hand, an ``ExitStack`` popped out of order)
 would close someone else's state, so ``__exit__`` refuses both with an error that says which.
@@ -76,9 +76,7 @@ def _recording_block() -> Optional["deferred"]:
     blocks = getattr(_open_blocks, "blocks", None)
     if not blocks:
         return None
-    modes = torch.overrides._get_current_function_mode_stack()
-    ours = [mode for mode in modes if isinstance(mode, _recording.FakeTensorFunctions)]
-    return blocks[-1] if ours and ours[-1] is blocks[-1]._mode else None
+    return blocks[-1] if _recording.innermost() is blocks[-1]._mode else None
 
 
 # Modules by id, held weakly: a module class may define __eq__ and so not be hashable, and a module

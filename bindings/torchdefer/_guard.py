@@ -127,8 +127,7 @@ def _holders(module: torch.nn.Module, name: str) -> List[Tuple[str, str, List[st
 
 
 def _forward_on_fakes_on_purpose() -> bool:
-    modes = torch.overrides._get_current_function_mode_stack()
-    return any(isinstance(mode, _recording.FakeTensorFunctions) for mode in modes)
+    return _recording.innermost() is not None
 
 
 def _materialize_call(module: torch.nn.Module, fsdp1: bool) -> str:

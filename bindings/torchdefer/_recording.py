@@ -1,82 +1,98 @@
-"""What deferred_init and fake_mode change in torch's Python layer, for their own thread only.
+"""What deferred_init and fake_mode change in torch's Python layer while they run.
 
 Note [What recording changes, and where]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Importing torchdefer changes nothing in torch: every ``torch.Tensor`` method, every
-``torch.nn.init`` function and ``torch.cuda._lazy_init`` stay torch's own objects. What fakes
-need from torch's Python layer is done by :class:`FakeTensorFunctions`, a
-``torch.overrides.TorchFunctionMode`` that :func:`torchdefer.deferred_init` and
-:func:`torchdefer.fake_mode` push for as long as they run. Torch keeps its mode stack per
-thread, so other threads never see it, and it is gone when the call returns or raises. While
-active, it sees every call into torch's Python API on this thread before torch runs it, and:
+Importing torchdefer changes nothing in torch. What fakes need from torch's Python layer (below)
+is done by stand-ins for a few of torch's Python entry points, installed while any
+:func:`torchdefer.deferred_init`, ``deferred()`` block or :func:`torchdefer.fake_mode` is open on
+any thread (:class:`FakeTensorFunctions`, a count under a lock: the first to open installs them,
+the last to close, by return or by exception, puts torch's own objects back, so that afterwards
+torch is exactly as it was). Each stand-in acts only for a fake (one ``_C.is_fake`` test), or for
+``deepcopy`` of any tensor, and only on a thread that has one of them open (a thread-local list,
+so threads a recording starts, and every other thread, get torch's behaviour); otherwise it calls
+torch's own object, passing a tensor subclass's or torch-function mode's ``__torch_function__``
+torch's own object, as torch does (``torch.overrides.handle_torch_function``). The stand-ins:
 
-* ``repr``/``format`` of a fake describe it (shape, dtype, device, "fake") instead of reading
-  values it does not have;
-* ``tolist``, ``numpy`` and ``__array__`` of a fake, and ``torch.tensor``/``as_tensor`` of data
-  holding fakes (``torch.tensor([f / 2 for f in freqs])``), read the fakes' values the way
-  ``item()`` does (Note [Reading values while recording]); torch implements them by reading memory
-  without the dispatcher, where the recorder cannot answer;
-* ``new``/``new_tensor`` on a fake return a fake of its dtype and device (torch derives their
-  options from the dispatch keys, which name no device for fakes);
-* ``p.data = fake`` on a real tensor is refused: it would leave ``p`` neither real nor fake;
-* ``copy.deepcopy`` of a tensor copies its storage with recorded ops (Note [Deep copies of
-  fakes] in ``_deepcopy.py``): torch's own copy goes through ``untyped_storage()``;
-* ``torch.nn.init.trunc_normal_`` becomes one recorded operator (Note [trunc_normal_ as one
-  operator] in bindings/src/trunc_normal.cpp). Torch's ``trunc_normal_`` does not consult
-  ``__torch_function__`` itself, so the mode takes the first call its sampler makes on the
-  tensor, reading ``tensor.is_meta``: when the caller (past the torch-function modes above this
-  one that forwarded the call, such as the ``torch.device(...)`` context Hugging Face builds
-  models in) is the sampler's own code object (``torch.nn.init._no_grad_trunc_normal_``, however
-  the user reached it: Hugging Face keeps its own reference to ``trunc_normal_``), the mode runs ``torchdefer::trunc_normal_`` on the tensor
-  with the sampler's arguments and answers True, and the sampler returns the tensor as it does for
-  meta tensors. Only that one frame sees the answer; the result is the tensor torch's sampler
-  would have filled, with the same bits (the operator's kernel is the same sequence of ATen
-  calls). With an explicit ``generator`` the sampler runs as torch wrote it.
-  Why not another route: replacing ``_no_grad_trunc_normal_`` in ``torch.nn.init`` is visible to
-  every thread while recording runs, and a trace function cannot replace a call's result.
-  If a torch release reorders the sampler so that ``is_meta`` is not its first look at the
-  tensor, the calls go through one by one and the recording holds value reads instead of one
-  operator; tests/python/test_torchdefer.py checks that the recording holds the operator.
+* ``torch.Tensor.__repr__``: ``repr``/``str``/``format`` of a fake describe it (shape, dtype,
+  device, "fake") instead of reading values it does not have (``__format__`` of a fake with
+  dimensions is ``str``; of a 0-dim one, its value read as ``item()`` reads it);
+* ``tolist`` and ``numpy``, shadowed on ``torch.Tensor`` (torch's are ``TensorBase``'s; numpy's
+  ``__array__`` calls ``numpy()``), and ``torch.tensor``/``torch.as_tensor`` of data holding fakes
+  (``torch.tensor([f / 2 for f in freqs])``), read the fakes' values the way ``item()`` does (Note
+  [Reading values while recording]); torch implements them by reading memory without the
+  dispatcher, where the recorder cannot answer;
+* ``new``/``new_tensor``, shadowed on ``torch.Tensor``: on a fake they return a fake of its dtype
+  and device (torch derives their options from the dispatch keys, which name no device for fakes);
+* ``data``, shadowed on ``torch.Tensor`` by a property: ``p.data = fake`` on a real tensor is
+  refused, since it would leave ``p`` neither real nor fake. The C++ layer cannot refuse it: the
+  recorder sees ``aten::set_data`` only for recorded fakes, and ``fake_mode``'s fakes reach torch's
+  composite kernel, which checks no more than that the two tensors are both dense;
+* ``torch.Tensor.__deepcopy__``: ``copy.deepcopy`` of a tensor copies its storage with recorded
+  ops (Note [Deep copies of fakes] in ``_deepcopy.py``): torch's own copy goes through
+  ``untyped_storage()``;
+* ``torch.nn.init._no_grad_trunc_normal_``, the sampler that ``trunc_normal_`` looks up as a
+  module global at each call, so that every reference to ``trunc_normal_`` reaches it (Hugging
+  Face keeps its own): without a ``generator`` it runs ``torchdefer::trunc_normal_`` on the tensor
+  instead, one recorded operator (Note [trunc_normal_ as one operator] in
+  bindings/src/trunc_normal.cpp) with the same bits (the operator's kernel is the same sequence of
+  ATen calls). With an explicit ``generator`` the sampler runs as torch wrote it.
+
+Conjugate views of complex fakes (``.mH``, ``.H``, ``adjoint()``) need nothing here: the recorder
+refuses them by the op table's BitView column (Note [Conjugate and negative views of fakes],
+recorder/src/recording.cpp). Under ``fake_mode``, which records nothing to materialize, they are
+made, as ``conj()`` is.
+
+Why stand-ins, and not a ``torch.overrides.TorchFunctionMode`` (which this once was): a mode
+is per thread and touches no torch object, but torch then hands every call into its Python API
+on that thread to the mode (about 1 µs a call written in C, 2–2.5 µs one written in Python,
+nearly all torch's own dispatch), for the few calls above: 0.3 of a Hugging Face Llama-70B's meta
+construction time (docs/results.md, "Hugging Face recording"). The stand-ins cost nothing for
+other calls. What they change while one is open, for every thread: the identity of those
+attributes (``torch.Tensor.tolist is torch._C.TensorBase.tolist`` does not hold, and
+``torch.Tensor.data`` is a property), and each call of them costs a Python call more (0.2–0.35
+µs for ``t.tolist()`` or ``p.data`` on a real tensor, load 6) and runs torch's own. A subclass or mode sees torch's own function as ``func``, through
+torch's Python ``handle_torch_function``; a mode that was entered inside the recording now sees
+such a call after the stand-in acted, not before. A reference taken while the stand-ins are
+installed (``f = torch.Tensor.tolist``) keeps working, with torch's behaviour once they are gone.
 
 Torch's Python factories also call ``torch.cuda._lazy_init()`` for a CUDA device before the
 dispatcher sees the call, which fails where CUDA is unavailable, although a fake needs no CUDA.
 Torch's C++ layer skips that call for a device type it considers initialized
-(``torch::utils::set_requires_device_init``, a process-wide flag). Where CUDA is unavailable, the
-mode marks CUDA initialized while it is active (from its ``__enter__`` to its ``__exit__``; a
-count kept under a lock, so that nested and concurrent modes clear it once and the last one out
-sets it again), instead of replacing ``torch.cuda._lazy_init``. It once did so around each call it
-forwarded: two calls into the extension per torch call (10,364 for a Hugging Face Llama-70B
-``deferred_init``), for a window that covered most of the recording anyway. Another
+(``torch::utils::set_requires_device_init``, a process-wide flag). Where CUDA is unavailable,
+CUDA is marked initialized while a recording or fake mode is open (the first to open clears the
+flag, the last to close sets it again), instead of replacing ``torch.cuda._lazy_init``. Another
 thread that asks for a real CUDA tensor during that window, on a machine without CUDA, gets the
 dispatcher's error ("Could not run ... with arguments from the 'CUDA' backend") instead of
 torch's "Torch not compiled with CUDA enabled"; its call fails either way. Where CUDA is
 available nothing is changed, and CUDA initializes as usual.
 
-Outside the mode (after ``deferred_init`` returned, after ``fake_mode`` exited) torch's own
-methods run on fakes: ``repr`` of a fake raises torch's value read error, which says how to
+Outside (after ``deferred_init`` returned, after ``fake_mode`` exited, on other threads) torch's
+own methods run on fakes: ``repr`` of a fake raises torch's value read error, which says how to
 print one (docs/python.md), and ``tolist``/``numpy``/``new_tensor`` raise the fake's "no data"
 error. ``torchdefer.describe(t)`` describes a fake anywhere. The fakes deferred_init hands out
-keep this mode's ``new``/``new_tensor`` and ``trunc_normal_`` until they are real, through a
-class of their own (Note [Handed-out fakes after deferred_init] in ``_after_return.py``).
+keep ``new``/``new_tensor``, the reads and ``trunc_normal_`` until they are real, through a class
+of their own (Note [Handed-out fakes after deferred_init] in ``_after_return.py``), which uses
+this module's handlers and :func:`runs_trunc_normal`.
 """
 
 from __future__ import annotations
 
-import sys
+import functools
 import threading
 import types
 import warnings
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
-from torch.overrides import TorchFunctionMode
 
-from torchdefer import _C, _bit_views, _deepcopy
+from torchdefer import _C, _deepcopy
 
 _TensorBase = torch._C.TensorBase
-_IS_META = _TensorBase.__dict__["is_meta"]
 _DATA = _TensorBase.__dict__["data"]
-_SAMPLER_CODE = torch.nn.init._no_grad_trunc_normal_.__code__
+_SAMPLER = torch.nn.init._no_grad_trunc_normal_
+_SAMPLER_CODE = _SAMPLER.__code__
+_has_torch_function_unary = torch._C._has_torch_function_unary
+_handle_torch_function = torch.overrides.handle_torch_function
 
 
 def fake_repr(tensor: torch.Tensor) -> str:
@@ -102,22 +118,8 @@ def _holds_fake(data: Any) -> bool:
     return False
 
 
-def _repr(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
-    if _C.is_fake(args[0]):
-        return fake_repr(args[0])
-    return func(*args, **kwargs)
-
-
-def _format(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
-    self, spec = args[0], args[1] if len(args) > 1 else kwargs.get("format_spec", "")
-    if not _C.is_fake(self) or self.dim() == 0:
-        return func(*args, **kwargs)  # a 0-dim fake formats its value, read as item() reads it
-    # Torch formats a tensor with dimensions as object.__format__ does: str(self), no spec. The
-    # mode is entered again for the repr, which runs in this handler, where torch popped it.
-    if spec:
-        raise TypeError(f"unsupported format string passed to {type(self).__name__}.__format__")
-    with mode():
-        return str(self)
+# The handlers below take (func, args, kwargs), func being torch's own method; _after_return.py's
+# class calls them too.
 
 
 def _read(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
@@ -127,14 +129,6 @@ def _read(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
     # requires_grad kept, so that numpy() refuses (or, with force=True, accepts) as in eager.
     values = _C.read_values(self).requires_grad_(self.requires_grad)
     return func(values, *args[1:], **kwargs)
-
-
-def _from_data(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
-    # A tensor itself goes through the dispatcher (detach, to), where fakes are recorded; only
-    # sequences of tensors are read from memory.
-    if args and isinstance(args[0], (list, tuple)) and _holds_fake(args[0]):
-        args = (_with_values(args[0]),) + tuple(args[1:])
-    return func(*args, **kwargs)
 
 
 def _new_tensor_of(self: torch.Tensor, data: Any, dtype=None, device=None, requires_grad=False):
@@ -173,25 +167,8 @@ def _new(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
     )
 
 
-_HANDLERS: Dict[Any, Callable[[Callable, tuple, Dict[str, Any]], Any]] = {
-    torch.Tensor.__repr__: _repr,
-    torch.Tensor.__format__: _format,
-    _TensorBase.tolist: _read,
-    _TensorBase.numpy: _read,
-    torch.Tensor.__array__: _read,
-    torch.tensor: _from_data,
-    torch.as_tensor: _from_data,
-    _TensorBase.new_tensor: _new_tensor,
-    _TensorBase.new: _new,
-    torch.Tensor.__deepcopy__: _deepcopy.deepcopy,  # Note [Deep copies of fakes]
-    torch.adjoint: _bit_views.adjoint,
-    _TensorBase.adjoint: _bit_views.adjoint,
-}
-
-
-def _data_setter(args: tuple) -> None:
+def _refuse_fake_into_real(self: torch.Tensor, value: Any) -> None:
     """``self.data = value``: refused when it would put a fake into a real tensor."""
-    self, value = args[0], args[1]
     if isinstance(value, torch.Tensor) and _C.is_fake(value) and not _C.is_fake(self):
         raise RuntimeError(
             f"torchdefer: `.data = fake` on a real tensor ({tuple(self.shape)}, {self.dtype}, "
@@ -202,112 +179,222 @@ def _data_setter(args: tuple) -> None:
         )
 
 
-def _recorded_trunc_normal(frame: types.FrameType) -> bool:
-    """Runs the trunc_normal_ call whose sampler frame is `frame` as torchdefer::trunc_normal_;
-    False (changing nothing) when it has an explicit generator."""
-    arguments = frame.f_locals
-    if arguments.get("generator") is not None:
-        return False
-    tensor, mean, std = arguments["tensor"], arguments["mean"], arguments["std"]
-    a, b = arguments["a"], arguments["b"]
+def _run_trunc_normal(tensor: torch.Tensor, mean: float, std: float, a: float, b: float,
+                      stacklevel: int) -> None:
+    """Runs a trunc_normal_ call as one torchdefer::trunc_normal_ (Note [What recording changes,
+    and where]); ``stacklevel`` points the warning at the caller of ``trunc_normal_``."""
     if mean < a - 2 * std or mean > b + 2 * std:
         warnings.warn(
             f"torchdefer: trunc_normal_ with mean {mean} more than 2 std ({std}) outside [{a}, {b}]: "
             "the values drawn may not follow the intended distribution.",
-            stacklevel=5,
+            stacklevel=stacklevel + 1,
         )
     with torch.no_grad():
         torch.ops.torchdefer.trunc_normal_(tensor, mean, std, a, b)
-    return True
 
 
 def runs_trunc_normal(caller: types.FrameType) -> bool:
     """Whether an ``is_meta`` read that ``caller`` made is the first look of torch's trunc_normal_
     sampler at a fake, which has then been run as one recorded torchdefer::trunc_normal_ (True
-    is the sampler's answer)."""
+    is the sampler's answer). For the handed-out fakes' class (``_after_return.py``)."""
     caller = _caller_outside_modes(caller)
-    return caller.f_code is _SAMPLER_CODE and _recorded_trunc_normal(caller)
+    if caller.f_code is not _SAMPLER_CODE:
+        return False
+    arguments = caller.f_locals
+    if arguments.get("generator") is not None:
+        return False
+    tensor, mean, std = arguments["tensor"], arguments["mean"], arguments["std"]
+    # The warning names the caller of trunc_normal_: past this frame, the class's
+    # __torch_function__, the sampler and trunc_normal_.
+    _run_trunc_normal(tensor, mean, std, arguments["a"], arguments["b"], stacklevel=5)
+    return True
 
 
 def _caller_outside_modes(frame: types.FrameType) -> types.FrameType:
-    """The frame that made the call, past the torch-function modes above this one (the device
-    context fake_mode enters, a user's mode) that forwarded it."""
+    """The frame that made the call, past the torch-function modes (a device context, a user's
+    mode) that forwarded it."""
     while frame.f_code.co_name == "__torch_function__" and frame.f_back is not None:
         frame = frame.f_back
     return frame
 
 
-class _CudaMarkedInitialized:
-    """The modes that need CUDA marked initialized (Note [What recording changes, and where]):
-    the flag is cleared when the first one enters and set again when the last one exits."""
+class _ThisThread(threading.local):
+    def __init__(self) -> None:
+        # The FakeTensorFunctions open on this thread, innermost last.
+        self.open: List["FakeTensorFunctions"] = []
+
+
+_this_thread = _ThisThread()
+
+
+def _as_torch_calls(original: Callable) -> Callable:
+    """``original`` (a torch.Tensor method) called as torch calls it: a subclass's or mode's
+    ``__torch_function__`` gets ``original`` as ``func``, not the stand-in installed in its place,
+    which torch's own lookup of ``torch.Tensor.<name>`` would find."""
+
+    def call(self, *args, **kwargs):
+        if _has_torch_function_unary(self):
+            return _handle_torch_function(original, (self,), self, *args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    return call
+
+
+def _stand_in_for_fakes(original: Callable, handler: Callable) -> Callable:
+    """A stand-in for the method ``original`` that runs ``handler`` for a fake on a thread with a
+    recording or fake mode open, and torch's ``original`` otherwise."""
+    torchs = _as_torch_calls(original)
+
+    @functools.wraps(original)
+    def stand_in(self, *args, **kwargs):
+        if _this_thread.open and _C.is_fake(self):
+            return handler(torchs, (self, *args), kwargs)
+        return torchs(self, *args, **kwargs)
+
+    return stand_in
+
+
+def _stand_ins() -> List[Tuple[Any, str, Any]]:
+    """(owner, attribute name, stand-in) for each of torch's objects replaced while open."""
+    repr_ = _as_torch_calls(torch.Tensor.__repr__)
+    deepcopy_ = _as_torch_calls(torch.Tensor.__deepcopy__)
+    get_data = _as_torch_calls(_DATA.__get__)
+    set_data = _as_torch_calls(_DATA.__set__)
+    tensor, as_tensor = torch.tensor, torch.as_tensor
+
+    @functools.wraps(torch.Tensor.__repr__)
+    def __repr__(self, *args, **kwargs):
+        if _this_thread.open and _C.is_fake(self):
+            return fake_repr(self)
+        return repr_(self, *args, **kwargs)
+
+    @functools.wraps(torch.Tensor.__deepcopy__)
+    def __deepcopy__(self, *args, **kwargs):
+        if _this_thread.open:  # Note [Deep copies of fakes]: real tensors too
+            return _deepcopy.deepcopy(deepcopy_, (self, *args), kwargs)
+        return deepcopy_(self, *args, **kwargs)
+
+    def setter(self, value):
+        if _this_thread.open:
+            _refuse_fake_into_real(self, value)
+        set_data(self, value)
+
+    def from_data(original: Callable) -> Callable:
+        @functools.wraps(original)
+        def stand_in(data, *args, **kwargs):
+            # A tensor itself goes through the dispatcher (detach, to), where fakes are recorded;
+            # only sequences of tensors are read from memory.
+            if _this_thread.open and isinstance(data, (list, tuple)) and _holds_fake(data):
+                data = _with_values(data)
+            return original(data, *args, **kwargs)
+
+        return stand_in
+
+    @functools.wraps(_SAMPLER)
+    def sampler(tensor, mean, std, a, b, generator=None):
+        if _this_thread.open and generator is None:
+            # The warning names the caller of trunc_normal_, past this frame and trunc_normal_.
+            _run_trunc_normal(tensor, mean, std, a, b, stacklevel=3)
+            return tensor
+        return _SAMPLER(tensor, mean, std, a, b, generator=generator)
+
+    return [
+        (torch.Tensor, "__repr__", __repr__),
+        (torch.Tensor, "__deepcopy__", __deepcopy__),
+        (torch.Tensor, "tolist", _stand_in_for_fakes(_TensorBase.tolist, _read)),
+        (torch.Tensor, "numpy", _stand_in_for_fakes(_TensorBase.numpy, _read)),
+        (torch.Tensor, "new_tensor", _stand_in_for_fakes(_TensorBase.new_tensor, _new_tensor)),
+        (torch.Tensor, "new", _stand_in_for_fakes(_TensorBase.new, _new)),
+        (torch.Tensor, "data", property(get_data, setter, doc=_DATA.__doc__)),
+        (torch, "tensor", from_data(tensor)),
+        (torch, "as_tensor", from_data(as_tensor)),
+        (torch.nn.init, "_no_grad_trunc_normal_", sampler),
+    ]
+
+
+_STAND_INS = _stand_ins()
+_MISSING = object()
+
+
+class _Installed:
+    """The stand-ins and the CUDA flag, while any FakeTensorFunctions is open on any thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._active = 0
+        self._open = 0
+        self._skipping_cuda_init = 0
+        # (owner, name, what owner.__dict__ held: torch's object, or _MISSING where inherited).
+        self._saved: List[Tuple[Any, str, Any]] = []
 
-    def enter(self) -> None:
+    def enter(self, skip_cuda_init: bool) -> None:
         with self._lock:
-            if self._active == 0:
-                _C._set_requires_cuda_init(False)
-            self._active += 1
+            if self._open == 0:
+                self._install()
+            self._open += 1
+            if skip_cuda_init:
+                if self._skipping_cuda_init == 0:
+                    _C._set_requires_cuda_init(False)
+                self._skipping_cuda_init += 1
 
-    def exit(self) -> None:
+    def exit(self, skip_cuda_init: bool) -> None:
         with self._lock:
-            self._active -= 1
-            if self._active == 0:
-                _C._set_requires_cuda_init(True)
+            if skip_cuda_init:
+                self._skipping_cuda_init -= 1
+                if self._skipping_cuda_init == 0:
+                    _C._set_requires_cuda_init(True)
+            self._open -= 1
+            if self._open == 0:
+                self._uninstall()
+
+    def _install(self) -> None:
+        for owner, name, stand_in in _STAND_INS:
+            self._saved.append((owner, name, vars(owner).get(name, _MISSING)))
+            setattr(owner, name, stand_in)
+
+    def _uninstall(self) -> None:
+        while self._saved:
+            owner, name, torchs = self._saved.pop()
+            if torchs is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, torchs)
 
 
-_cuda_marked_initialized = _CudaMarkedInitialized()
+_installed = _Installed()
 
 
-class FakeTensorFunctions(TorchFunctionMode):
-    """The torch-function mode of deferred_init and fake_mode (Note [What recording changes, and
-    where]). ``skip_cuda_init`` is whether CUDA is unavailable, so that torch's factories must not
-    try to initialize it for a fake."""
+class FakeTensorFunctions:
+    """What deferred_init, a deferred() block and fake_mode open on their thread (Note [What
+    recording changes, and where]). ``skip_cuda_init`` is whether CUDA is unavailable, so that
+    torch's factories must not try to initialize it for a fake."""
 
     def __init__(self, skip_cuda_init: bool) -> None:
-        super().__init__()
         self._skip_cuda_init = skip_cuda_init
+        self._open_on: Optional[List["FakeTensorFunctions"]] = None
 
-    def __enter__(self):
-        if self._skip_cuda_init:
-            _cuda_marked_initialized.enter()
-        try:
-            return super().__enter__()
-        except BaseException:
-            if self._skip_cuda_init:
-                _cuda_marked_initialized.exit()
-            raise
+    def __enter__(self) -> "FakeTensorFunctions":
+        _installed.enter(self._skip_cuda_init)
+        self._open_on = _this_thread.open
+        self._open_on.append(self)
+        return self
 
-    def __exit__(self, exc_type, exc_value, traceback):
-        try:
-            return super().__exit__(exc_type, exc_value, traceback)
-        finally:
-            if self._skip_cuda_init:
-                _cuda_marked_initialized.exit()
-
-    # Every call into torch's Python API on this thread passes here while recording, so the
-    # common case (no handler, not a descriptor) is kept to one dictionary lookup and one test.
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        handler = _HANDLERS.get(func)
-        if handler is not None:
-            return handler(func, args, kwargs or {})
-        if type(func) is _METHOD_WRAPPER:
-            descriptor = func.__self__
-            if descriptor is _IS_META:
-                if runs_trunc_normal(sys._getframe(1)):
-                    return True
-            elif descriptor is _DATA and func.__name__ == "__set__":
-                _data_setter(args)
-            elif descriptor in _bit_views.GETTERS:
-                _bit_views.refuse_if_conjugating(f".{descriptor.__name__}", args[0])
-        return func(*args, **kwargs) if kwargs else func(*args)
-
-
-_METHOD_WRAPPER = type(_IS_META.__get__)
+    def __exit__(self, *exc_info: Any) -> None:
+        # From the list of the thread that opened it, wherever it is (an exit out of order, or on
+        # another thread, closes this one and no other).
+        open_on, self._open_on = self._open_on, None
+        for i in range(len(open_on) - 1, -1, -1):
+            if open_on[i] is self:
+                del open_on[i]
+                break
+        _installed.exit(self._skip_cuda_init)
 
 
 def mode() -> FakeTensorFunctions:
-    """A new mode for this thread's deferred_init or fake_mode."""
+    """A new FakeTensorFunctions for this thread's deferred_init or fake_mode."""
     return FakeTensorFunctions(skip_cuda_init=not torch.cuda.is_available())
+
+
+def innermost() -> Optional[FakeTensorFunctions]:
+    """The innermost FakeTensorFunctions open on this thread, if any."""
+    open_here = _this_thread.open
+    return open_here[-1] if open_here else None

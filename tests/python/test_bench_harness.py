@@ -187,7 +187,7 @@ def test_distributed_entry_point_measures_every_way_and_gets_the_counter_model(t
     assert report.other_sections(docs) == "\n" + page
 
 
-def test_hf_floor_splits_deferred_init_into_the_recording_scope_the_mode_and_the_settling():
+def test_hf_floor_splits_deferred_init_into_the_recording_scope_the_stand_ins_and_the_settling():
     pytest.importorskip("transformers")
     from bench.harness import hf_floor
 
@@ -198,7 +198,7 @@ def test_hf_floor_splits_deferred_init_into_the_recording_scope_the_mode_and_the
     # The Python-written torch calls (torch.nn.init.*) are counted among C's calls.
     assert 0 < out["calls_C_python"] < out["calls_C"] and out["calls_A"] < out["calls_C"]
     per_call = hf_floor.per_call(side=8)
-    assert set(per_call["nn.init.normal_"]) == {"meta", "recorded, no mode", "recorded"}
+    assert set(per_call["nn.init.normal_"]) == {"meta", "recorded, scope only", "recorded"}
     assert all(us > 0 for costs in per_call.values() for us in costs.values())
 
 

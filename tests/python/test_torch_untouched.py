@@ -1,5 +1,7 @@
-"""torchdefer changes nothing in torch: not at import, not after recording, not on other threads
-(Note [What recording changes, and where] in bindings/torchdefer/_recording.py)."""
+"""torchdefer changes nothing in torch at import and nothing after recording; while a recording is
+open it stands in for a few of torch's Python entry points, which act only for fakes on the
+recording's thread, and puts no torch-function mode on any thread (Note [What recording changes,
+and where] in bindings/torchdefer/_recording.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ SNAPSHOT_PROGRAM = textwrap.dedent(
             if callable(value):
                 entries[f"torch.nn.init.{name}"] = id(value)
         entries["torch.cuda._lazy_init"] = id(torch.cuda._lazy_init)
+        entries["torch.tensor"] = id(torch.tensor)
+        entries["torch.as_tensor"] = id(torch.as_tensor)
         return entries
 
     def cuda_error():
@@ -50,6 +54,10 @@ SNAPSHOT_PROGRAM = textwrap.dedent(
             self.listed = [repr(self.linear.weight), self.linear.weight.tolist()]
 
     model = torchdefer.deferred_init(Model)
+    try:
+        torchdefer.deferred_init(lambda: [Model(), 1 / 0])  # left by an exception
+    except ZeroDivisionError:
+        pass
     torch.nn.init.trunc_normal_(model.linear.bias, std=0.1)  # after return: the fake's class
     with torchdefer.fake_mode("cuda"):
         torch.nn.Linear(2, 2)
@@ -138,3 +146,164 @@ def test_trunc_normal_is_one_recorded_operator_under_other_torch_function_modes(
     assert torchdefer.explain(deferred.weight).endswith("trunc_normal_(0, 0.02, -2, 2)")
     torchdefer.materialize_module(deferred)
     assert torch.equal(deferred.weight, eager.weight)
+
+
+def test_recording_puts_no_torch_function_mode_on_its_own_thread():
+    # A mode would be handed every torch call of the construction (Note [What recording changes,
+    # and where]); the stand-ins are found by attribute lookup instead.
+    seen = {}
+
+    def build():
+        seen["modes"] = torch.overrides._get_current_function_mode_stack()
+        seen["enabled"] = torch._C._is_torch_function_mode_enabled()
+        return torch.nn.Linear(2, 2)
+
+    torchdefer.deferred_init(build)
+    assert seen["modes"] == [] and not seen["enabled"]
+    with torchdefer.fake_mode():
+        build()
+    # Only the `with torch.device(...)` that fake_mode enters for torch's Python factories.
+    assert [type(mode) for mode in seen["modes"]] == [torch.utils._device.DeviceContext]
+
+
+def _real_tensor_behaviour():
+    """What a thread sees of torch's stand-in entry points for real tensors and a fake."""
+    torch.manual_seed(3)
+    t = torch.arange(6.0).reshape(2, 3)
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.data = torch.ones(2)
+    copied = __import__("copy").deepcopy(t)
+    sampled = torch.nn.init.trunc_normal_(torch.empty(5), std=0.5)
+    return dict(
+        repr=repr(t), format=f"{t}", tolist=t.tolist(), numpy=t.numpy().tolist(),
+        array=__import__("numpy").asarray(t).tolist(), tensor=torch.tensor([1.5, 2.5]).tolist(),
+        as_tensor=torch.as_tensor([[1, 2]]).tolist(), new_tensor=t.new_tensor([7]).tolist(),
+        new=tuple(t.new(3, 1).shape), data=p.tolist(), deepcopy=copied.tolist(),
+        copy_shares=copied.data_ptr() != t.data_ptr(), trunc_normal=sampled.tolist(),
+        generator=torch.random.get_rng_state().sum().item(),
+    )
+
+
+def test_other_threads_get_torchs_behaviour_while_a_recording_is_open():
+    expected = _real_tensor_behaviour()
+    seen = {}
+    recording = threading.Event()
+    checked = threading.Event()
+    with torchdefer.fake_mode():
+        fake = torch.ones(2)
+
+    def other_thread():
+        recording.wait()
+        try:
+            seen["behaviour"] = _real_tensor_behaviour()
+            try:
+                repr(fake)
+            except RuntimeError as error:  # torch's value read, as with no recording open
+                seen["fake"] = str(error)
+        finally:
+            checked.set()
+
+    def build():
+        recording.set()
+        checked.wait(timeout=60)
+        return torch.nn.Linear(2, 2)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    torchdefer.deferred_init(build)
+    thread.join()
+    assert seen["behaviour"] == expected
+    assert "fake" in seen and "FakeTensor(" not in seen["fake"]
+
+
+def test_a_subclass_on_another_thread_is_handed_torchs_own_functions_while_a_recording_is_open():
+    seen = []
+
+    class Logged(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    def calls():
+        t = torch.ones(2).as_subclass(Logged)
+        t.tolist(), t.numpy(), repr(t), t.new_tensor([1.0]), t.data
+        t.data = torch.zeros(2)
+        made, seen[:] = list(seen), []
+        return made
+
+    outside = calls()
+    during = {}
+    recording = threading.Event()
+    checked = threading.Event()
+
+    def other_thread():
+        recording.wait()
+        try:
+            during["funcs"] = calls()
+        finally:
+            checked.set()
+
+    def build():
+        recording.set()
+        checked.wait(timeout=60)
+        return torch.nn.Linear(2, 2)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    torchdefer.deferred_init(build)
+    thread.join()
+    def what(func):  # a descriptor's __get__/__set__ is a new object at each access
+        return (func.__self__, func.__name__) if type(func).__name__ == "method-wrapper" else func
+
+    # The same functions: torch's own, never a stand-in.
+    assert len(outside) == 6 and [what(f) for f in during["funcs"]] == [what(f) for f in outside]
+
+
+def test_stand_ins_stay_until_the_last_of_overlapping_recordings_closes():
+    tolist = torch._C.TensorBase.tolist
+    inner_open = threading.Event()
+    outer_closed = threading.Event()
+    seen = {}
+
+    def other_thread():
+        def build():
+            inner_open.set()
+            outer_closed.wait(timeout=60)
+            fake = torch.ones(3)
+            seen["tolist"] = fake.tolist()  # this thread's recording is still open
+            return fake
+
+        torchdefer.deferred_init(build)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+
+    def outer():
+        inner_open.wait(timeout=60)
+        return torch.ones(1)
+
+    torchdefer.deferred_init(outer)
+    outer_closed.set()
+    thread.join()
+    assert seen["tolist"] == [1.0, 1.0, 1.0]
+    assert "tolist" not in vars(torch.Tensor) and torch.Tensor.tolist is tolist
+
+
+def test_nested_recordings_and_fake_mode_restore_torch_when_the_outermost_closes():
+    def inner():
+        with torchdefer.fake_mode():
+            assert repr(torch.ones(1)).startswith("FakeTensor(")
+        return torch.ones(2)
+
+    def outer():
+        made = torchdefer.deferred_init(inner)
+        assert repr(made).startswith("FakeTensor(")  # the outer recording is still open
+        raise KeyError("leaving")
+
+    repr_before = torch.Tensor.__repr__
+    try:
+        torchdefer.deferred_init(outer)
+    except KeyError:
+        pass
+    assert torch.Tensor.__repr__ is repr_before and "data" not in vars(torch.Tensor)
