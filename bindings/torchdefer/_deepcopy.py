@@ -39,19 +39,38 @@ does not have), and a parameter's is torch's clone. Each copy is handed out in t
 is a deferred model like the original: init code run on it after the copy (``trunc_normal_``,
 ``init_weights``) records into it, and each model materializes on its own, in either order, to
 what eager's copy holds (the values at the copy, sharing and tying kept as eager keeps them); in
-counter mode both are the full counter model's, shard by shard. Fakes held as plain attributes are
-not handed out (finding them costs a walk of every attribute) and cannot be deep-copied after
-return: torch's copy raises the fake's "no data" error. Materialize those, or the model, first.
+counter mode both are the full counter model's, shard by shard.
+
+Fakes held as plain attributes (``self.inv_freq = ...``, also in lists, tuples and dicts) are not
+handed out (finding them costs a walk of every attribute, too slow for every deferred_init), so
+torch's own copy would run on them and read a storage they do not have. The deep copy finds them
+instead: the first handed-out fake it copies looks up the module the copy rebuilds (the outermost
+``copy._reconstruct`` frame of an ``nn.Module`` on the stack: the module passed to
+``copy.deepcopy``, or the first of several) and copies, into the copy's ``memo``, every recorded
+fake of class ``torch.Tensor`` its tree holds, the way a buffer is copied above; ``copy.deepcopy``
+then finds each in ``memo`` when it reaches it, as it finds an object it copied before. Copies are
+handed out, and storages shared as in eager, since the storage copies are keyed the same way. This
+costs a walk of the copied tree's attributes once per deepcopy call. It misses a plain-attribute
+fake that the copy reaches before any parameter or buffer fake: one held by a module that comes,
+in the module's own order (parameters, buffers, children, then attributes), before every module
+holding a parameter or buffer fake, as in ``nn.Sequential(Rotary(), nn.Linear(...))`` where
+``Rotary`` holds its tables only as attributes. Torch's copy then raises the fake's "no data"
+error; registering the table as a buffer (``persistent=False`` keeps it out of the state dict),
+or materializing first, avoids it.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict
+import sys
+import types
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
 from torchdefer import _C
+
+_RECONSTRUCT = copy._reconstruct.__code__
 
 
 def _refuse(tensor: torch.Tensor, why: str) -> RuntimeError:
@@ -100,3 +119,38 @@ def deepcopy(func: Callable, args: tuple, kwargs: Dict[str, Any], handed_out: bo
         made.__dict__ = copy.deepcopy(self.__dict__, memo)
     memo[id(self)] = made
     return made
+
+
+def _module_being_copied(frame: Optional[types.FrameType]) -> Optional[torch.nn.Module]:
+    """The outermost module that a ``copy.deepcopy`` enclosing ``frame`` is rebuilding, if any."""
+    outermost = None
+    while frame is not None:
+        if frame.f_code is _RECONSTRUCT:
+            rebuilt = frame.f_locals.get("x")
+            if isinstance(rebuilt, torch.nn.Module):
+                outermost = rebuilt
+        frame = frame.f_back
+    return outermost
+
+
+def copy_held_fakes(memo: Dict[Any, Any]) -> None:
+    """Makes, into ``memo``, the deferred copies of the recorded fakes that the module being
+    deep-copied holds as plain ``torch.Tensor`` attributes, so that the copy finds them there
+    instead of running torch's copy, which reads their storage (Note [Deep copies after
+    deferred_init returned]). Once per module and deepcopy call; it changes nothing outside one."""
+    root = _module_being_copied(sys._getframe(1))
+    key = ("torchdefer.held fakes", id(root))
+    if root is None or key in memo:
+        return
+    memo[key] = True
+    import torchdefer  # the package imports this module: no cycle at import time
+
+    from torchdefer import _after_return
+
+    for _, tensor, _ in torchdefer._module_tensors(root, None, False):
+        if (type(tensor) is not torch.Tensor or id(tensor) in memo or not tensor.is_leaf
+                or not _C.can_materialize(tensor)):
+            continue  # handed out (copies itself), copied already, or torch's copy (which refuses)
+        copied = deepcopy(torch.Tensor.__deepcopy__, (tensor, memo), {})
+        memo.setdefault(id(memo), []).append(tensor)  # its id stays its own, as copy keeps it
+        _after_return.hand_out_tensor(copied)

@@ -12,8 +12,11 @@ std::atomic<int64_t> live_nodes{0};
 
 }  // namespace
 
-OpGraph::OpGraph(std::string context, std::shared_future<uint64_t> counter_seed)
-    : context_(std::move(context)), counter_seed_(std::move(counter_seed)) {}
+OpGraph::OpGraph(std::string context, std::shared_future<uint64_t> counter_seed,
+                 bool exact_generator)
+    : context_(std::move(context)),
+      counter_seed_(std::move(counter_seed)),
+      exact_generator_(exact_generator) {}
 
 OpGraph::~OpGraph() { live_nodes -= static_cast<int64_t>(nodes_.size()); }
 

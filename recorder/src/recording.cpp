@@ -655,7 +655,8 @@ RecordingScope::RecordingScope(std::string context, DeferredInitOptions options)
     : include_deferred_init_(kDeferredInitKey),
       saved_graph_(tls_graph),
       exact_generator_(options.exact_generator()) {
-  auto graph = std::make_shared<OpGraph>(std::move(context), detail::default_generator_digest());
+  auto graph = std::make_shared<OpGraph>(std::move(context), detail::default_generator_digest(),
+                                         options.exact_generator());
   tls_open_recordings.push_back({graph.get(), {}});
   tls_graph = std::move(graph);
 }

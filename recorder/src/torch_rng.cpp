@@ -456,6 +456,18 @@ RecordedDraws place_on_own_generator(const std::shared_ptr<OpGraph>& graph,
   return draws;
 }
 
+// A value-dependent sampler recorded after the deferred_init of an exact_generator recording
+// returned: it is resolved at once, as exact_generator resolves those recorded inside the call
+// (Note [The generator after deferred_init]); if that fails, the generator stays owed, as there.
+void settle_exactly_after_return(const OpGraph& graph) {
+  try {
+    settle_generator_exactly();
+  } catch (const c10::Error& e) {
+    TORCH_WARN("torchdefer: exact_generator: could not resolve a random op recorded on a fake of ",
+               graph.context(), " after its deferred_init returned: ", e.what_without_backtrace());
+  }
+}
+
 }  // namespace
 
 RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
@@ -484,7 +496,9 @@ RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const Rec
     }
     draws = place_sampler(graph, node, target);
   }
-  if (!in_recording_scope && chain.lazy) {
+  if (!in_recording_scope && chain.lazy && graph->exact_generator()) {
+    settle_exactly_after_return(*graph);
+  } else if (!in_recording_scope && chain.lazy) {
     settle_generator();  // the owed generator is what a materialization pays
   } else if (!in_recording_scope) {
     apply_unapplied();

@@ -305,5 +305,27 @@ TEST(LazyAnchors, TruncNormalWithExactGeneratorLeavesItWhereEagerDoesAtOnce) {
   }
 }
 
+TEST(LazyAnchors, InitWeightsAfterAnExactGeneratorRecordingReturnedLeavesItWhereEagerDoesAtOnce) {
+  torch::manual_seed(25);
+  TitanLike eager;
+  eager.init_weights();
+  const at::Tensor eager_state = current_state();
+  torch::manual_seed(25);
+  auto deferred = deferred_init(DeferredInitOptions().exact_generator(true),
+                                [] { return std::make_shared<TitanLike>(); });
+  CapturedWarnings warnings;
+  deferred->init_weights();  // truncated normals recorded after the call: resolved at once
+  EXPECT_TRUE(bitwise_equal(current_state(), eager_state));
+  EXPECT_TRUE(is_fake(deferred->output->bias));
+  torch::rand({5});  // a draw before materializing: no debt to warn about
+  materialize_module(*deferred);
+  EXPECT_TRUE(warnings.messages.empty());
+  const auto eager_parameters = eager.named_parameters();
+  for (const auto& parameter : deferred->named_parameters()) {
+    EXPECT_TRUE(bitwise_equal(parameter.value(), eager_parameters[parameter.key()]))
+        << parameter.key();
+  }
+}
+
 }  // namespace
 }  // namespace torchdefer

@@ -207,13 +207,17 @@ def _check_torch(cls: type, after, seed: int, eager: torch.nn.Module, built_stat
     # Both generator policies (Note [The generator after deferred_init]): exact_generator=True
     # leaves the generator where eager does as deferred_init returns; by default a recording with
     # rejection samplers owes it until the first torch-mode materialization pays it. A rejection
-    # sampler run after deferred_init returned (trunc_normal_ in after(m)) owes it under both.
+    # sampler run after deferred_init returned (trunc_normal_ in after(m)) owes it by default, and
+    # is resolved at once on a recording made with exact_generator=True.
     torch.manual_seed(seed)
     exact = torchdefer.deferred_init(cls, exact_generator=True)
     if not torch.equal(torch.get_rng_state(), built_state):
         raise Mismatch("the default generator after deferred_init(exact_generator=True) is not where "
                        "eager construction left it")
     after(exact)
+    if not torch.equal(torch.get_rng_state(), eager_state):
+        raise Mismatch("the default generator after after(m) on a deferred_init(exact_generator=True) "
+                       "model is not where eager's after(m) left it")
     torchdefer.materialize_module(exact)
     if not torch.equal(torch.get_rng_state(), eager_state):
         raise Mismatch("materialize_module moved the default generator")

@@ -367,6 +367,10 @@ def attributes(ctx: Context) -> List[str]:
         f'self.a{i} = {{"x": torch.arange({n}), "y": torch.rand(2)}}',
         f"self.a{i} = (torch.ones(2) * 3, torch.rand({n}))",
     ]
+    if ctx.rng.random() < 0.3:
+        # A deep copy after deferred_init returned copies the attributes' fakes as deferred copies
+        # (Note [Deep copies after deferred_init returned]).
+        ctx.after.append(f"m.cp{i} = copy.deepcopy(m)")
     return [ctx.pick(uses), f"self.v{i} = nn.Parameter(torch.rand({n}))"]
 
 
@@ -608,15 +612,17 @@ _READS = [
     "float(len(torch.where({t} > 0)[0]))", "float(torch.allclose({t}, {t} * 1.0))",
     "float(bool(({t} > -3).all()))", "float({t}.prod())", "float({t}.nansum())",
     "float(torch.var_mean({t}, 0)[1].sum())", "sum({t}.tolist()[0])",
+    "float(({t} * 2).tolist()[-1][0])", "float({t}.detach()[0].numpy().max())",
+    "float({t}.t().new_tensor([0.5, {t}.shape[0]]).sum())", "float({t}.T.new(2, 1).shape[0])",
+    "float(len(repr({t} * 2)) > 0)", "float(f'{{{t}.sum():.3f}}')",
 ]
 
 
 def _read_and_use(ctx: Context, sources: List[str], write_to: str, register: str, i: int) -> List[str]:
-    """A value read from one of `sources` and used: a branch, a buffer, a scale. tolist() reads
-    only the first source: after deferred_init returned, that is the handed-out parameter itself,
-    and a fake computed from it has no tolist() (Note [Handed-out fakes after deferred_init])."""
-    template = ctx.pick(_READS)
-    read = template.format(t=sources[0] if "tolist" in template else ctx.pick(sources))
+    """A value read from one of `sources` and used: a branch, a buffer, a scale. After
+    deferred_init returned the sources are the handed-out parameter and fakes computed from it,
+    which read values as it does (Note [Handed-out fakes after deferred_init])."""
+    read = ctx.pick(_READS).format(t=ctx.pick(sources))
     use = ctx.pick(["branch", "buffer", "scale"])
     if use == "branch":
         return [f"if {read} > {ctx.value()}:", f"    {write_to}.data.mul_(0.5)"]
@@ -636,7 +642,8 @@ def value_reads(ctx: Context) -> List[str]:
     if when in ("during", "both"):
         lines += _read_and_use(ctx, [f"{name}.detach()"], name, "self", i)
     if when in ("after", "both"):
-        ctx.after += _read_and_use(ctx, [f"m.r{i}", f"m.r{i}.detach()"], f"m.r{i}", "m", 1000 + i)
+        sources = [f"m.r{i}", f"m.r{i}.detach()", f"(m.r{i} * 2)", f"m.r{i}[1:]"]
+        ctx.after += _read_and_use(ctx, sources, f"m.r{i}", "m", 1000 + i)
     return lines
 
 
@@ -649,6 +656,10 @@ def after_init(ctx: Context) -> List[str]:
     calls = [
         f"nn.init.trunc_normal_({w}, std=0.02)",
         f"nn.init.trunc_normal_({w}.data, mean=0.1, std=1.0, a=-1.5, b=1.5)",
+        # On fakes computed after return: a row, a transposed view.
+        f"with torch.no_grad(): nn.init.trunc_normal_({w}[0], std=0.5)",
+        f"with torch.no_grad(): nn.init.trunc_normal_({w}.t(), std=0.3, a=-0.5, b=0.5)",
+        f'm.t{i}.register_buffer("n{i}", {w}.detach().t().new_tensor([{ctx.value()}, {ctx.value()}]))',
         f"nn.init.normal_({w}, std={abs(ctx.value()) + 0.01})",
         f"nn.init.zeros_({b})",
         f"nn.init.xavier_uniform_({w})",
@@ -658,8 +669,9 @@ def after_init(ctx: Context) -> List[str]:
         f"with torch.no_grad(): {w}.clamp_(-0.1, 0.1)",
         f"{w}.data.uniform_(-0.5, 0.5)",
         # No draw from the default generator here: after a trunc_normal_ run after deferred_init
-        # returned, the generator is owed until materialization, and torchdefer warns that real
-        # draws made meanwhile differ from eager's (Note [The generator after deferred_init]).
+        # returned, the generator is owed until materialization (unless the recording was made
+        # with exact_generator=True), and torchdefer warns that real draws made meanwhile differ
+        # from eager's (Note [The generator after deferred_init]).
         f"with torch.no_grad(): {w}[0].copy_(torch.linspace(-1, 1, {d}))",
         f"m.t{i}[1].weight.data.fill_({ctx.value()})",
         f"m.t{i}.to(torch.float64)",

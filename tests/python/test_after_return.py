@@ -321,8 +321,11 @@ def test_the_class_is_a_subclass_until_real_and_every_materialization_restores_i
     weight, freqs = model.output.weight, model.freqs_cis
     assert isinstance(weight, nn.Parameter) and type(weight) is not nn.Parameter
     assert isinstance(freqs, torch.Tensor) and not isinstance(freqs, nn.Parameter)
-    # Results of operations are plain tensors, as for nn.Parameter.
-    assert type(weight.t()) is torch.Tensor and type(weight * 2) is torch.Tensor
+    # Fakes computed from it are handed out too (Note [Fakes computed after deferred_init
+    # returned]); real results of operations are plain tensors.
+    assert type(weight.t()) is _after_return.DeferredTensor
+    assert type(weight * 2) is _after_return.DeferredTensor
+    assert type((weight > 0).nonzero()) is torch.Tensor and not torchdefer.is_fake((weight > 0).nonzero())
     torchdefer.materialize_tensor(weight)
     assert type(weight) is nn.Parameter and type(freqs) is not torch.Tensor
     torchdefer.materialize_module(model.layers)
@@ -471,12 +474,17 @@ def test_module_edits_before_materializing_give_eagers_model_and_classes(name):
     assert classes(model) == classes(expected)
 
 
-def test_state_dict_before_materializing_has_eagers_keys_and_plain_tensors():
+def test_state_dict_before_materializing_has_eagers_keys_and_values():
+    torch.manual_seed(4)
     expected = WithBuffers()
+    torch.manual_seed(4)
     model = torchdefer.deferred_init(WithBuffers)
     state = model.state_dict()
     assert list(state) == list(expected.state_dict())
-    assert all(type(v) is torch.Tensor and torchdefer.is_fake(v) for v in state.values())
+    # Detached fakes, computed from the handed-out ones: they read eager's values as those do.
+    assert all(isinstance(v, torch.Tensor) and torchdefer.is_fake(v) for v in state.values())
+    assert [v.tolist() for v in state.values()] == [v.tolist() for v in expected.state_dict().values()]
+    assert type(torchdefer.materialize_tensor(state["running"])) is torch.Tensor
     kept = model.state_dict(keep_vars=True)
     assert kept["lin.weight"] is model.lin.weight and kept["running"] is model.running
     def buffer_checks(m):
@@ -585,7 +593,7 @@ def test_hugging_face_tie_weights_and_init_weights_after_deferred_init():
     assert classes(model) == classes(expected)
 
 
-def test_a_torch_function_mode_of_the_users_sees_the_class_and_gets_plain_results():
+def test_a_torch_function_mode_of_the_users_sees_the_class_of_handed_out_fakes():
     seen = []
 
     class Spy(torch.overrides.TorchFunctionMode):
@@ -596,8 +604,9 @@ def test_a_torch_function_mode_of_the_users_sees_the_class_and_gets_plain_result
     model = torchdefer.deferred_init(nn.Linear, 4, 3)
     with Spy():
         doubled = model.weight * 2
-    assert seen == [_after_return.DeferredParameter]
-    assert type(doubled) is torch.Tensor and torchdefer.is_fake(doubled)
+        tripled = doubled * 1.5
+    assert seen == [_after_return.DeferredParameter, _after_return.DeferredTensor]
+    assert type(tripled) is _after_return.DeferredTensor and torchdefer.is_fake(tripled)
 
 
 # --- FSDP2 after init_weights -------------------------------------------------------------------

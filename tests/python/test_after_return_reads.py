@@ -129,17 +129,13 @@ def test_init_weights_reading_values_after_return_matches_eager_and_the_full_cou
                 assert torch.equal(p, chunks[rank] if rank < len(chunks) else whole[:0]), (name, rank)
 
 
-def test_tolist_and_numpy_of_a_handed_out_fake_read_its_values_and_a_computed_fake_refuses():
+def test_tolist_and_numpy_of_a_handed_out_fake_read_its_values():
     torch.manual_seed(2)
     eager = nn.Linear(3, 2)
     torch.manual_seed(2)
     model = torchdefer.deferred_init(nn.Linear, 3, 2)
     assert model.weight.tolist() == eager.weight.tolist()
     assert (model.bias.numpy(force=True) == eager.bias.detach().numpy()).all()
-    # A fake computed after return has no class of its own to read through: it refuses, never
-    # returns garbage (Note [Handed-out fakes after deferred_init]).
-    with pytest.raises(RuntimeError, match=r"fake Float\[2, 3\] on cpu.*Materialize it"):
-        (model.weight * 2).tolist()
 
 
 # --- deep copies after deferred_init returned ---------------------------------------------------
@@ -236,8 +232,8 @@ def test_pickling_a_deferred_model_is_refused_and_says_to_materialize():
     for name, attempt in attempts.items():
         with pytest.raises(RuntimeError, match=r"torchdefer: pickling fake .* Materialize the module"):
             attempt()
-    # A state dict holds plain tensors: torch's own error, which says to materialize, too.
-    with pytest.raises(RuntimeError, match=r"Materialize it"):
+    # A state dict holds fakes computed from the handed-out ones (detached): refused the same way.
+    with pytest.raises(RuntimeError, match=r"torchdefer: pickling fake .* Materialize the module"):
         torch.save(model.state_dict(), io.BytesIO())
     torchdefer.materialize_module(model)
     torch.save(model, io.BytesIO())

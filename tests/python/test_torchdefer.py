@@ -209,12 +209,19 @@ def test_data_dependent_reads_of_fakes_that_record_nothing_are_refused():
         with pytest.raises(RuntimeError, match="made under a FakeMode, which records nothing"):
             x.tolist()
     deferred = torchdefer.deferred_init(torch.nn.Linear, 2, 2)
-    # After deferred_init returned, tolist is torch's own on a fake computed from a handed-out one
-    # (the package changes nothing outside deferred_init and fake_mode), and the fake refuses the
-    # memory read; the handed-out parameter reads its values (Note [Handed-out fakes after
-    # deferred_init]).
+    # After deferred_init returned, tolist is torch's own on a fake that was never handed out (a
+    # plain attribute's; the package changes nothing outside deferred_init and fake_mode), and the
+    # fake refuses the memory read; the handed-out parameter, and fakes computed from it, read
+    # their values (Note [Handed-out fakes after deferred_init]).
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.ones(2, 2)
+
+    held = torchdefer.deferred_init(Holder).table
     with pytest.raises(RuntimeError, match=r"Cannot access the data or storage of fake Float\[2, 2\]"):
-        (deferred.weight * 1).tolist()
+        (held * 1).tolist()
+    assert (deferred.weight * 1).tolist() == deferred.weight.tolist()
     # item() goes through the dispatcher, where the recorder reads a recorded fake's values even
     # after its deferred_init returned (issue 12 item 3).
     assert deferred.weight.sum().item() == torchdefer.materialize_tensor(deferred.weight).sum().item()

@@ -112,13 +112,16 @@ class OpGraph {
   // `context` names what was being constructed, for error messages ("torch::nn::LinearImpl").
   // `counter_seed` is the counter RNG seed of this recording (Note [Counter RNG]), ready when
   // first asked for (Note [A recording that starts during a jump] in
-  // recorder/src/background_jump.h).
-  OpGraph(std::string context, std::shared_future<uint64_t> counter_seed);
+  // recorder/src/background_jump.h). `exact_generator` is its deferred_init's option, which random
+  // ops recorded after that call returned follow too (Note [The generator after deferred_init]).
+  OpGraph(std::string context, std::shared_future<uint64_t> counter_seed,
+          bool exact_generator = false);
   ~OpGraph();
   OpGraph(const OpGraph&) = delete;
   OpGraph& operator=(const OpGraph&) = delete;
 
   const std::string& context() const { return context_; }
+  bool exact_generator() const { return exact_generator_; }
 
   // The recorded program. Nodes, values and storages are only ever appended; read them while no
   // other thread records into this graph.
@@ -190,6 +193,7 @@ class OpGraph {
   std::vector<std::shared_ptr<RngAnchor>> rng_anchors_;
   uint64_t random_ops_ = 0;
   const std::shared_future<uint64_t> counter_seed_;
+  const bool exact_generator_;
   std::mutex mutex_;
 };
 

@@ -100,8 +100,10 @@ namespace detail {
 // Random ops on a recording's fakes after its deferred_init returned (an init_weights() run after
 // construction) are recorded in program order, as eager would draw them there: from the owed
 // chain when the generator is owed (and still owed after them), else from the generator's state
-// at that point, which they then move as eager does (a value-dependent one leaves it owed). A value
-// read among them resolves what it needs and pays the debt when its loan ends, as above.
+// at that point, which they then move as eager does (a value-dependent one leaves it owed, unless
+// the recording was made with exact_generator: then it is resolved right after it is recorded,
+// at eager's cost for it, and the generator is exact at once). A value read among them resolves
+// what it needs and pays the debt when its loan ends, as above.
 
 // Lends the default CPU generator to a computation that moves it (a replay, a value read, an
 // anchor's resolution): restores its state afterwards, and when the outermost loan on this thread
