@@ -432,10 +432,10 @@ def fewer_reps(rows: List[Dict[str, Any]], default: int) -> str:
 # What the targets' rows do not show by themselves: why recording costs more than meta
 # construction. Profiles, not this run, so it names no numbers; the tables above have them.
 WHERE_THE_TIME_GOES = (
-    "Where recording's time goes, beyond meta construction's: both run the same Python constructor, and "
-    "under both every call into torch's Python API passes one Python torch-function mode (the "
-    "`torch.device(\"meta\")` context, or the recorder's, Note [What recording changes, and where]), "
-    "so that part costs the same. Below it, an op on the meta device runs its meta kernel; an op on a "
+    "Where recording's time goes, beyond meta construction's: both run the same Python constructor; "
+    "meta construction passes every call into torch's Python API through one Python torch-function mode "
+    "(the `torch.device(\"meta\")` context), while recording pushes none (it stands in for a few of "
+    "torch's entry points instead, Note [What recording changes, and where]). Below it, an op on the meta device runs its meta kernel; an op on a "
     "fake reaches torchdefer's C++ fake fallback (Note [The Fake fallback]), which runs the same meta "
     "kernel on meta shadows, wraps the outputs as fakes and records the op (the `detach` that `nn.Parameter(fake)` makes "
     "passes through it too). Random fills of CPU fakes (`normal_`, `uniform_`, ...) are the exception: their meta "

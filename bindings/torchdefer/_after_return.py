@@ -10,9 +10,9 @@ reads replay privately; but torch's Python ``trunc_normal_`` fails before the di
 anything: its sampler calls ``tensor.new_tensor(a, device="cpu")``, and torch's Python binding of
 ``new_tensor`` derives the new tensor's options from ``tensor``'s highest dispatch key, which for
 a fake names no device ("DispatchKey DeferredInit doesn't correspond to a device"). While
-recording, the torch-function mode of Note [What recording changes, and where] (``_recording.py``)
-answers those calls; after deferred_init returned it is gone, and leaving a mode behind would
-change every torch call of the thread.
+recording, the stand-ins of Note [What recording changes, and where] (``_recording.py``) answer
+those calls; after deferred_init returned they are gone, and leaving them installed would change
+torch for every thread for as long as a fake lives.
 
 So the recorded fakes deferred_init hands out carry the answer themselves, as a class: when it
 returns (and when a ``deferred()`` block exits), every recorded fake parameter and buffer of the
@@ -24,13 +24,13 @@ module (materialize_module's): about 1 ms for a Hugging Face Llama-70B's 1,047 m
 building it on the meta device, too slow for the end of every deferred_init (a deep copy finds
 them when it needs them: Note [Deep copies after deferred_init returned]). Torch consults a
 tensor subclass's ``__torch_function__`` for every call of its Python API that takes such a
-tensor, on every thread, and for nothing else. Theirs does what the recording mode does for
-fakes, and nothing more:
+tensor, on every thread, and for nothing else. Theirs does what the recording's stand-ins do
+for fakes, and nothing more:
 
 * ``new_tensor(data)``/``new(...)`` return a fake of the tensor's dtype and device, made from it
   with ``new_empty`` and ``copy_``, so that it is recorded in the tensor's recording and
   materializes to ``data`` (where CUDA is unavailable, with CUDA marked initialized for the
-  duration of the call, as the recording mode does, so that a fake CUDA tensor needs no CUDA);
+  duration of the call, as recording does, so that a fake CUDA tensor needs no CUDA);
 * the first look of torch's trunc_normal_ sampler at the tensor (``is_meta``, from the sampler's
   own frame) runs it as one recorded ``torchdefer::trunc_normal_`` instead, with torch's bits
   (Note [trunc_normal_ as one operator]), exactly as while recording;

@@ -67,12 +67,13 @@ torch's "Torch not compiled with CUDA enabled"; its call fails either way. Where
 available nothing is changed, and CUDA initializes as usual.
 
 Outside (after ``deferred_init`` returned, after ``fake_mode`` exited, on other threads) torch's
-own methods run on fakes: ``repr`` of a fake raises torch's value read error, which says how to
-print one (docs/python.md), and ``tolist``/``numpy``/``new_tensor`` raise the fake's "no data"
-error. ``torchdefer.describe(t)`` describes a fake anywhere. The fakes deferred_init hands out
-keep ``new``/``new_tensor``, the reads and ``trunc_normal_`` until they are real, through a class
-of their own (Note [Handed-out fakes after deferred_init] in ``_after_return.py``), which uses
-this module's handlers and :func:`runs_trunc_normal`.
+own methods run on fakes. The fakes deferred_init hands out, and the fakes computed from them,
+keep ``repr``, ``new``/``new_tensor``, the reads and ``trunc_normal_`` until they are real,
+through a class of their own (Note [Handed-out fakes after deferred_init] in
+``_after_return.py``), which uses this module's handlers and :func:`runs_trunc_normal`. Other
+fakes (``fake_mode``'s, those held only as plain attributes): ``repr`` raises torch's value read
+error, which says how to print one (docs/python.md), and ``tolist``/``numpy``/``new_tensor`` raise
+the fake's "no data" error. ``torchdefer.describe(t)`` describes a fake anywhere.
 """
 
 from __future__ import annotations
