@@ -312,3 +312,24 @@ def test_a_reseed_while_recording_does_not_resolve_the_samplers_it_makes_moot():
     expected = torch.nn.Linear(4, 4)
     assert torch.equal(model.small.weight, expected.weight)
     assert torch.equal(model.small.bias, expected.bias)
+
+
+_LAYOUT_LIB = torch.library.Library("torchdefer_test_layout", "DEF")
+_LAYOUT_LIB.define("transposed_on_meta(Tensor x) -> Tensor")
+_LAYOUT_LIB.impl("transposed_on_meta", lambda x: x.clone(memory_format=torch.contiguous_format),
+                 "CPU")
+_LAYOUT_LIB.impl("transposed_on_meta",
+                 lambda x: torch.empty_strided(x.shape, (1, x.shape[0]), dtype=x.dtype,
+                                               device="meta"), "Meta")
+
+
+def test_a_result_laid_out_unlike_the_real_kernel_is_refused_at_materialization():
+    def build():
+        module = torch.nn.Module()
+        module.register_buffer(
+            "b", torch.ops.torchdefer_test_layout.transposed_on_meta(torch.randn(3, 4)))
+        return module
+
+    deferred = torchdefer.deferred_init(build)
+    with pytest.raises(RuntimeError, match="transposed_on_meta.*laid it out unlike the real"):
+        torchdefer.materialize_module(deferred)
