@@ -11,6 +11,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/stack.h>
@@ -19,6 +20,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -114,6 +116,9 @@ class FakeCall {
     }
     const c10::Device device = output_device();
     run_on_meta();
+    if (needs_iterator_layout()) {
+      lay_out_as_tensor_iterator();
+    }
     wrap_outputs(device);
   }
 
@@ -404,6 +409,70 @@ class FakeCall {
           describe_inputs(),
           ". Run this op after materialization, or register a Meta kernel for it. Original error: ",
           e.msg());
+    }
+  }
+
+  // Note [Pointwise results take TensorIterator's layout]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // In a Python process the Meta kernels of pointwise ops are torch's Python references, which
+  // torch/_meta_registrations.py registers over the C++ ones; they order a result's dimensions by
+  // their own rule, the CPU kernels by TensorIterator's. The two agree while every input has the
+  // strides of a fresh contiguous tensor. Otherwise a size-1 dimension whose stride ties with
+  // another's can make them disagree on the layout of the result (`x.t()[None, None] * col`:
+  // strides (4, 4, 1, 8) on the CPU, (32, 16, 1, 4) on meta), and replay, which views the real
+  // result through the fake's strides, read the values scrambled (Kornia's MKD descriptor). So
+  // for such inputs the result of a functional pointwise op is laid out by a TensorIterator built
+  // on the inputs' meta shadows, the CPU kernel's own computation (but for the op table's
+  // contiguous_result ops, masked_fill, whose kernels do not use TensorIterator's layout); fresh
+  // contiguous inputs, nearly every call while building a model, skip it.
+  bool needs_iterator_layout() const {
+    if (schema_.returns().size() != 1 || schema_.is_mutable() || tensors_.size() < 2) {
+      return false;
+    }
+    for (const TensorUse& use : tensors_) {
+      if (!has_fresh_contiguous_strides(use.tensor)) {
+        return lays_out_like_tensor_iterator(op_);
+      }
+    }
+    return false;
+  }
+
+  static bool has_fresh_contiguous_strides(const at::Tensor& t) {
+    int64_t expected = 1;
+    for (int64_t d = t.dim() - 1; d >= 0; --d) {
+      if (t.stride(d) != expected) {
+        return false;
+      }
+      expected *= std::max<int64_t>(t.size(d), 1);
+    }
+    return true;
+  }
+
+  // Called after run_on_meta(): the op's single output is on the stack.
+  void lay_out_as_tensor_iterator() {
+    c10::IValue& output = stack_.back();
+    if (!output.isTensor() || !output.toTensor().is_meta()) {
+      return;
+    }
+    const at::Tensor meta_output = output.toTensor();
+    at::TensorIteratorConfig config;
+    config.set_check_mem_overlap(false)
+        .check_all_same_dtype(false)
+        .declare_static_dtype_and_device(meta_output.scalar_type(), meta_output.device())
+        .add_owned_output(at::Tensor());
+    for (const TensorUse& use : tensors_) {
+      if (use.tensor.dim() > 0) {  // 0-dim operands broadcast and order no dimension
+        const FakeTensorImpl* fake = fake_impl(use.tensor);
+        config.add_owned_const_input(fake != nullptr ? fake->meta()
+                                                     : at::empty_strided(use.tensor.sizes(),
+                                                                         use.tensor.strides(),
+                                                                         meta_output.options()));
+      }
+    }
+    at::TensorIterator iterator = config.build();
+    const at::Tensor& laid_out = iterator.output(0);
+    if (laid_out.sizes() == meta_output.sizes() && laid_out.strides() != meta_output.strides()) {
+      output = laid_out;
     }
   }
 

@@ -119,6 +119,11 @@ constexpr OpInfo makes_bit_view(std::string_view name, BitView when) {
   return info;
 }
 
+constexpr OpInfo contiguous_result(OpInfo info) {
+  info.contiguous_result = true;
+  return info;
+}
+
 // running_mean and running_var, arguments 3 and 4 of every op below.
 constexpr uint32_t kRunningStats = (1u << 3) | (1u << 4);
 
@@ -222,7 +227,7 @@ constexpr OpInfo kOps[] = {
     exact("aten::ceil"),
     exact("aten::round"),
     exact("aten::trunc"),
-    exact("aten::masked_fill"),
+    contiguous_result(exact("aten::masked_fill")),
     exact("aten::fill"),
     exact("aten::zero"),
     exact("aten::addcmul"),
@@ -411,6 +416,14 @@ bool writes_argument(const c10::FunctionSchema& schema, size_t index) {
 
 bool is_random(const c10::OperatorHandle& op) {
   return op.hasTag(at::Tag::nondeterministic_seeded);
+}
+
+bool lays_out_like_tensor_iterator(const c10::OperatorHandle& op) {
+  if (!op.hasTag(at::Tag::pointwise)) {
+    return false;
+  }
+  const OpInfo* info = find_op_info(op.schema().operator_name());
+  return info == nullptr || !info->contiguous_result;
 }
 
 std::optional<std::string> value_reading_api(const c10::OperatorHandle& op,

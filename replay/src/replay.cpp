@@ -344,8 +344,30 @@ bool GraphReplay::run_counter_node(int64_t index, const RecordedNode& node, c10:
   return true;
 }
 
+namespace {
+
+// Whether `real` puts every element where the recorded value says: the same offset, and the same
+// stride in every dimension of more than one element (a size-1 dimension's stride is never used).
+bool same_layout(const at::Tensor& real, const RecordedValue& value) {
+  if (real.numel() == 0) {
+    return true;
+  }
+  if (real.storage_offset() != value.storage_offset) {
+    return false;
+  }
+  for (int64_t d = 0; d < real.dim(); ++d) {
+    if (real.size(d) > 1 && real.stride(d) != value.strides[d]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 // Replay must produce what recording saw; a mismatch means the Fake layer computed metadata the
-// real kernel does not, and the values would be misread. Fail loudly instead.
+// real kernel does not, and the values would be misread (a layout, Note [Pointwise results take
+// TensorIterator's layout]). Fail loudly instead.
 void GraphReplay::check_replayed_output(const RecordedNode& node, const RecordedValue& value,
                                         const at::Tensor& real) const {
   TORCH_CHECK(real.scalar_type() == value.dtype && real.sizes() == c10::IntArrayRef(value.sizes),
@@ -353,6 +375,13 @@ void GraphReplay::check_replayed_output(const RecordedNode& node, const Recorded
               " produced ", describe(real), ", but recording saw ", c10::toString(value.dtype),
               c10::IntArrayRef(value.sizes),
               ". The fake computation disagrees with the real kernel; please report this op.");
+  TORCH_CHECK(same_layout(real, value), "torchdefer: replaying ", op_name(node),
+              " in deferred_init of ", graph_->context(), " produced ", describe(real),
+              " with strides ", real.strides(), " and offset ", real.storage_offset(),
+              ", but recording saw strides ", c10::IntArrayRef(value.strides), " and offset ",
+              value.storage_offset,
+              ": the fake computation laid it out unlike the real kernel, and its values would "
+              "be read scrambled; please report this op.");
 }
 
 // Note [Torch-mode draws run on the CPU]

@@ -312,3 +312,63 @@ def test_a_reseed_while_recording_does_not_resolve_the_samplers_it_makes_moot():
     expected = torch.nn.Linear(4, 4)
     assert torch.equal(model.small.weight, expected.weight)
     assert torch.equal(model.small.bias, expected.bias)
+
+
+# Class 21: Kornia's MKD descriptor computes its polar embedding from a transposed grid with
+# inserted size-1 dimensions times a column of frequencies. torch's Python meta kernels lay out
+# such a product unlike the CPU kernels, and replay read the real result through the fake's
+# strides: the values came out scrambled.
+def _broadcast_over_a_transposed_grid(op):
+    def build():
+        grid = torch.linspace(-3, 3, 16 * 16).reshape(16, 16).t()[None, None]  # size-1 ties
+        column = torch.arange(1, 3).reshape(-1, 1, 1).float()
+        module = torch.nn.Module()
+        module.register_buffer("product", op(column, grid))
+        module.register_buffer("cosine", torch.cos(op(column, grid)))
+        return module
+    return build
+
+
+@pytest.mark.parametrize("op", [torch.mul, torch.add, torch.atan2,
+                                lambda a, b: torch.where(b > 0, a, b),
+                                lambda a, b: torch.addcmul(b, a, b),
+                                lambda a, b: torch.masked_fill(b, a > 1, 0.0)],
+                         ids=["mul", "add", "atan2", "where", "addcmul", "masked_fill"])
+def test_pointwise_results_of_unevenly_strided_inputs_equal_eager(op):
+    eager, deferred = _assert_bitwise_like_eager(_broadcast_over_a_transposed_grid(op))
+    assert deferred.product.stride() == eager.product.stride()
+
+
+def test_pointwise_results_of_unevenly_strided_inputs_have_the_cpu_kernels_strides_while_recording():
+    strides = []
+
+    def build():
+        grid = torch.ones(4, 4).t()[None, None]
+        strides.append((torch.ones(2, 1, 1) * grid).stride())
+        return torch.nn.Module()
+
+    build()
+    torchdefer.deferred_init(build)
+    assert strides[0] == strides[1] == (4, 4, 1, 8)
+
+
+
+_LAYOUT_LIB = torch.library.Library("torchdefer_test_layout", "DEF")
+_LAYOUT_LIB.define("transposed_on_meta(Tensor x) -> Tensor")
+_LAYOUT_LIB.impl("transposed_on_meta", lambda x: x.clone(memory_format=torch.contiguous_format),
+                 "CPU")
+_LAYOUT_LIB.impl("transposed_on_meta",
+                 lambda x: torch.empty_strided(x.shape, (1, x.shape[0]), dtype=x.dtype,
+                                               device="meta"), "Meta")
+
+
+def test_a_result_laid_out_unlike_the_real_kernel_is_refused_at_materialization():
+    def build():
+        module = torch.nn.Module()
+        module.register_buffer(
+            "b", torch.ops.torchdefer_test_layout.transposed_on_meta(torch.randn(3, 4)))
+        return module
+
+    deferred = torchdefer.deferred_init(build)
+    with pytest.raises(RuntimeError, match="transposed_on_meta.*laid it out unlike the real"):
+        torchdefer.materialize_module(deferred)

@@ -104,6 +104,10 @@ struct OpInfo {
   bool records_its_parts = false;
   // Makes a view that sets a bit fakes do not keep (Note [Conjugate and negative views of fakes]).
   BitView bit_view = BitView::kNone;
+  // A pointwise op whose kernel returns a contiguous result whatever its inputs' layout
+  // (masked_fill clones self contiguous), not TensorIterator's (Note [Pointwise results take
+  // TensorIterator's layout]).
+  bool contiguous_result = false;
 };
 
 // Whether `op`'s kernel may write its argument `index`: the schema marks it written, or the op
@@ -122,6 +126,11 @@ c10::ArrayRef<OpInfo> op_table();
 
 // True if `op` draws random numbers: ATen tags those nondeterministic_seeded.
 bool is_random(const c10::OperatorHandle& op);
+
+// True if `op`'s kernel lays out its result as a TensorIterator over its tensor arguments does:
+// ATen tags those ops pointwise, less the table's contiguous_result ones (Note [Pointwise results
+// take TensorIterator's layout]).
+bool lays_out_like_tensor_iterator(const c10::OperatorHandle& op);
 
 // If a call of `op` with `arguments` (its boxed arguments, in schema order) reads tensor values
 // to decide its output's shape or a host value, how users call it ("Tensor::nonzero()", or the
