@@ -101,9 +101,10 @@ struct RecordedDraws {
 // Note [Where the graph keeps its lists]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Recording appends a node, a value per output and a storage per new storage for every call of a
-// model's construction (3,541 calls for Llama-70B), and those appends were most of what recording
-// adds to a FakeMode construction: three heap vectors per node, and vectors of nodes, values and
-// storages that moved every element each time they grew. So a graph keeps its nodes, values,
+// model's construction (3,541 calls for Llama-70B), and those appends were a visible share of what
+// recording adds to a FakeMode construction (docs/results.md, C++ recording cost): three heap
+// vectors per node, and vectors of nodes, values and storages that moved every element each time
+// they grew. So a graph keeps its nodes, values,
 // storages and annotations in chunks that never move (StableVector), and every node's arguments,
 // inputs and outputs in graph-owned arenas (ListArena), each node holding views into them. An
 // element, once appended, stays where it is until the graph is freed: a node's lists cost no
