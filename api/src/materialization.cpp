@@ -86,7 +86,7 @@ void Materialization::add(const at::Tensor& t) {
 }
 
 void Materialization::add_target(const at::Tensor& fake) {
-  Group& group = group_of(recording_of(fake).graph);
+  Group& group = group_of(recording_of(fake).shared_graph());
   if (group.seen.insert(fake.unsafeGetTensorImpl()).second) {
     group.targets.push_back(fake);
     group.replay.reset();  // planned again with this target
@@ -115,7 +115,7 @@ void Materialization::plan() {
       const std::vector<at::Tensor> foreign = replay->foreign_fakes();
       group.replay = std::move(replay);
       for (const at::Tensor& fake : foreign) {
-        group.reads.push_back(recording_of(fake).graph.get());
+        group.reads.push_back(recording_of(fake).graph);
         add_target(fake);  // may rehash nothing: groups_ is a std::map
       }
       break;  // groups_ may have grown; start over
@@ -154,7 +154,7 @@ std::vector<Materialization::Group*> Materialization::run_order() {
 at::Tensor Materialization::compute_shard(const NamedTensor& entry, const Box& box,
                                           TensorStats& stats) {
   const RecordedFake& rec = recording_of(entry.tensor);
-  std::shared_ptr<OpGraph> graph = rec.graph;
+  std::shared_ptr<OpGraph> graph = rec.shared_graph();
   const auto lock = graph->lock();
   RealOnlyGuard real_only;
   c10::AutoGradMode no_grad(false);
@@ -321,7 +321,7 @@ at::Tensor read_recorded_values(const at::Tensor& fake) {
   const RecordedFake& rec = recording_of(fake);
   ReplayConfig config;
   config.device = c10::Device(c10::kCPU);
-  GraphReplay replay(rec.graph, config);
+  GraphReplay replay(rec.shared_graph(), config);
   replay.add_value(rec.value);
   {
     const auto lock = rec.graph->lock();

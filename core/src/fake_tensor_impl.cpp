@@ -157,17 +157,6 @@ void FakeTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>
   device_ = impl->device();
 }
 
-FakeTensorImpl* fake_impl(const at::TensorBase& t) noexcept {
-  if (!t.defined() || !t.key_set().has(kFakeKey)) {
-    return nullptr;
-  }
-  // A tensor can carry kFakeKey without being a fake (has_fake_metadata_only). FakeTensorImpl is
-  // final, so its exact type decides, which costs a pointer comparison where a dynamic_cast walks
-  // the class hierarchy (this runs several times per recorded op).
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  return typeid(*impl) == typeid(FakeTensorImpl) ? static_cast<FakeTensorImpl*>(impl) : nullptr;
-}
-
 bool is_fake(const at::TensorBase& t) noexcept { return fake_impl(t) != nullptr; }
 
 FakeStorage fake_storage(const at::TensorBase& t) noexcept {

@@ -20,8 +20,12 @@ OpGraph::OpGraph(std::string context, std::shared_future<uint64_t> counter_seed,
 
 OpGraph::~OpGraph() { live_nodes -= static_cast<int64_t>(nodes_.size()); }
 
-int64_t OpGraph::add_node(RecordedNode&& node) {
-  nodes_.push_back(std::move(node));
+int64_t OpGraph::add_node(const c10::OperatorHandle& op,
+                          c10::SmallVectorImpl<c10::IValue>& arguments,
+                          c10::SmallVectorImpl<RecordedInput>& inputs, size_t outputs,
+                          AmbientState ambient) {
+  nodes_.emplace_back(RecordedNode{op, arguments_.take(arguments), inputs_.take(inputs),
+                                   outputs_.fill(outputs, -1), std::nullopt, ambient});
   ++live_nodes;
   return static_cast<int64_t>(nodes_.size()) - 1;
 }
@@ -48,11 +52,10 @@ int64_t OpGraph::storage_of(const FakeTensorImpl& fake, int64_t node) {
   const auto [it, inserted] =
       storage_index_.emplace(fake.storage_identity(), static_cast<int64_t>(storages_.size()));
   if (inserted) {
-    RecordedStorage storage;
+    RecordedStorage& storage = storages_.emplace_back();
     storage.identity = fake.meta_storage();
     storage.creator = node;
     storage.writers.push_back(node);
-    storages_.push_back(std::move(storage));
     real_storages_.emplace_back(c10::intrusive_ptr<c10::StorageImpl>());
   }
   return it->second;
@@ -73,6 +76,7 @@ int64_t OpGraph::add_output(int64_t node, const at::Tensor& fake, int64_t known)
   value.dtype = fake.scalar_type();
   value.device = fake.device();
   const int64_t index = static_cast<int64_t>(values_.size()) - 1;
+  annotations_.emplace_back(this, index);
   RecordedStorage& record = storages_[storage];
   if (record.creator == node && record.base_value < 0) {
     record.base_value = index;
@@ -91,11 +95,10 @@ void OpGraph::add_write(int64_t node, const at::Tensor& fake, int64_t known) {
   if (found == storage_index_.end()) {
     // A fake this graph never saw (made under a plain FakeMode, or by another deferred_init):
     // the write is remembered, with no creator, so that replay can say why it cannot proceed.
-    RecordedStorage storage;
+    storage_index_.emplace(impl->storage_identity(), static_cast<int64_t>(storages_.size()));
+    RecordedStorage& storage = storages_.emplace_back();
     storage.identity = impl->meta_storage();
     storage.writers.push_back(node);
-    storage_index_.emplace(impl->storage_identity(), static_cast<int64_t>(storages_.size()));
-    storages_.push_back(std::move(storage));
     real_storages_.emplace_back(c10::intrusive_ptr<c10::StorageImpl>());
     return;
   }

@@ -246,9 +246,9 @@ class Recorder {
           keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
       return;
     }
-    RecordedNode node = describe_call();
+    describe_call();
     redispatch(keys);
-    record(std::move(node));
+    record();
   }
 
  private:
@@ -278,7 +278,7 @@ class Recorder {
   }
 
   void scan_arguments() {
-    graph_ = tls_graph;
+    graph_ = tls_graph.get();
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
       const bool written = facts_.written[i - first_argument_];
       for_each_tensor(stack_[i], [&](const at::Tensor& t) {
@@ -296,6 +296,8 @@ class Recorder {
         has_fake_ = true;
         if (graph_ == nullptr) {
           if (const RecordedFake* rec = recorded(t)) {
+            // Held: the call may pop the only reference to this fake before record().
+            graph_owner_ = rec->shared_graph();
             graph_ = rec->graph;
           }
         }
@@ -339,7 +341,7 @@ class Recorder {
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
       for_each_tensor(stack_[i], [&](const at::Tensor& t) {
         const RecordedFake* rec = is_fake(t) ? recorded(t) : nullptr;
-        all = all && (!is_fake(t) || (rec != nullptr && rec->graph == tls_graph));
+        all = all && (!is_fake(t) || (rec != nullptr && rec->graph == tls_graph.get()));
       });
     }
     return all;
@@ -447,8 +449,10 @@ class Recorder {
     return input;
   }
 
-  // Also remembers the fakes the call writes, before the call pops its arguments.
-  RecordedNode describe_call() {
+  // Copies the call's arguments, each tensor replaced by a placeholder and classified, into the
+  // recorder's buffers (the graph takes them in record()), and remembers the fakes the call
+  // writes, before the call pops its arguments.
+  void describe_call() {
     if (facts_.writes) {
       for (size_t i = 0; i < facts_.written.size(); ++i) {
         if (facts_.written[i]) {
@@ -460,23 +464,43 @@ class Recorder {
         }
       }
     }
-    RecordedNode node{op_, {}, {}, {}, std::nullopt, AmbientState::current()};
-    node.arguments.reserve(schema_.arguments().size());
-    node.inputs.reserve(tensors_);
+    ambient_ = AmbientState::current();
     const bool random = facts_.random;
     if (random) {
       arguments_.reserve(tensors_);
     }
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
-      node.arguments.push_back(map_tensors(stack_[i], [&](const at::Tensor& t) {
-        node.inputs.push_back(classify(t));
+      const c10::IValue& argument = stack_[i];
+      if (argument.isTensor()) {
+        // The common case, without map_tensors' copy of the IValue.
+        const at::Tensor& t = argument.toTensor();
+        described_inputs_.push_back(classify(t));
+        if (random) {
+          arguments_.push_back(t);
+        }
+        described_arguments_.emplace_back(at::Tensor());
+        continue;
+      }
+      described_arguments_.push_back(map_tensors(argument, [&](const at::Tensor& t) {
+        described_inputs_.push_back(classify(t));
         if (random) {
           arguments_.push_back(t);
         }
         return at::Tensor();
       }));
     }
-    return node;
+  }
+
+  // The call describe_call() saw, as a node not yet in the graph (a view of this recorder's
+  // buffers).
+  RecordedNode described_node() const {
+    return RecordedNode{op_, described_arguments_, described_inputs_, {}, std::nullopt, ambient_};
+  }
+
+  // The graph's owner: the recording in progress, or the one that recorded the fakes of a call
+  // after its deferred_init returned.
+  const std::shared_ptr<OpGraph>& graph_owner() {
+    return graph_ == tls_graph.get() ? tls_graph : graph_owner_;
   }
 
   // Note [Ops on real tensors run for real]
@@ -513,9 +537,9 @@ class Recorder {
 
   // A recorded fake records the ops run on it after its deferred_init returned, too.
   std::string where() const {
-    return graph_ == tls_graph ? " in deferred_init of " + graph_->context()
-                               : " on a fake recorded by deferred_init of " + graph_->context() +
-                                     ", outside that call";
+    return graph_ == tls_graph.get() ? " in deferred_init of " + graph_->context()
+                                     : " on a fake recorded by deferred_init of " +
+                                           graph_->context() + ", outside that call";
   }
 
   // The value `t` was recorded as in this graph, or -1 (Note [Finding a fake's storage]).
@@ -524,15 +548,16 @@ class Recorder {
     return rec != nullptr && rec->graph == graph_ ? rec->value : -1;
   }
 
-  void record(RecordedNode&& node) {
-    c10::SmallVector<at::Tensor, 2> fake_outputs;
+  void record() {
+    // Each output fake where the stack holds it (no reference count taken), or nullptr.
+    c10::SmallVector<const at::Tensor*, 2> fake_outputs;
     const size_t first_return = stack_.size() - schema_.returns().size();
     bool produces_fakes = false;
     for (size_t i = first_return; i < stack_.size(); ++i) {
       for_each_tensor(stack_[i], [&](const at::Tensor& t) {
         const bool fake = is_fake(t);
         produces_fakes = produces_fakes || fake;
-        fake_outputs.push_back(fake ? t : at::Tensor());
+        fake_outputs.push_back(fake ? &t : nullptr);
       });
     }
     if (!produces_fakes && written_.empty()) {
@@ -543,30 +568,32 @@ class Recorder {
     std::optional<RecordedDraws> draws;
     if (facts_.random) {
       const at::Tensor& target = written_.empty() ? first_fake(fake_outputs) : written_.front();
-      draws = detail::place_random_node(graph_, node, target, arguments_, tls_graph != nullptr);
+      draws = detail::place_random_node(graph_owner(), described_node(), target, arguments_,
+                                        tls_graph != nullptr);
     }
+    const std::shared_ptr<OpGraph>& owner = graph_owner();
     const auto lock = graph_->lock();
-    const int64_t index = graph_->add_node(std::move(node));
+    const int64_t index = graph_->add_node(op_, described_arguments_, described_inputs_,
+                                           fake_outputs.size(), ambient_);
     // Writes first: an in-place op on a fake this graph did not create returns that fake, which
     // must not become a value created by this node (its storage has no recorded origin).
     for (const at::Tensor& t : written_) {
       graph_->add_write(index, t, value_in_graph(t));
     }
-    std::vector<int64_t> outputs;
-    outputs.reserve(fake_outputs.size());
-    for (const at::Tensor& t : fake_outputs) {
-      if (!t.defined()) {
-        outputs.push_back(-1);
+    for (size_t i = 0; i < fake_outputs.size(); ++i) {
+      if (fake_outputs[i] == nullptr) {
         continue;
       }
+      const at::Tensor& t = *fake_outputs[i];
       const int64_t value = graph_->add_output(index, t, value_in_graph(t));
       FakeTensorImpl* impl = fake_impl(t);
-      impl->set_annotation(std::make_shared<RecordedFake>(graph_, value));
+      // Note [Annotations live in the graph]
+      impl->set_annotation(
+          std::shared_ptr<const FakeAnnotation>(owner, &graph_->annotation(value)));
       impl->include_dispatch_key(kDeferredInitKey);
-      outputs.push_back(value);
+      graph_->set_output(index, i, value);
     }
     remember_real_reads(index);
-    graph_->set_outputs(index, std::move(outputs));
     if (draws) {
       graph_->set_draws(index, std::move(*draws));
     }
@@ -575,11 +602,11 @@ class Recorder {
   // Note [Real tensors written while recording]: which real tensors the recording in progress
   // holds by reference.
   void remember_real_reads(int64_t index) {
-    if (tls_open_recordings.empty() || tls_open_recordings.back().graph != graph_.get()) {
+    if (tls_open_recordings.empty() || tls_open_recordings.back().graph != graph_) {
       return;  // recorded after deferred_init returned: later writes do not pass the recorder
     }
     auto& reads = tls_open_recordings.back().real_reads;
-    const std::vector<RecordedInput>& inputs = graph_->nodes()[index].inputs;
+    const c10::ArrayRef<RecordedInput> inputs = graph_->nodes()[index].inputs;
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (inputs[i].kind == RecordedInput::Kind::kReal && inputs[i].tensor.has_storage()) {
         reads[inputs[i].tensor.storage().unsafeGetStorageImpl()].push_back({index, i});
@@ -587,9 +614,9 @@ class Recorder {
     }
   }
 
-  static const at::Tensor& first_fake(c10::ArrayRef<at::Tensor> tensors) {
-    return *std::find_if(tensors.begin(), tensors.end(),
-                         [](const at::Tensor& t) { return t.defined(); });
+  static const at::Tensor& first_fake(c10::ArrayRef<const at::Tensor*> tensors) {
+    return **std::find_if(tensors.begin(), tensors.end(),
+                          [](const at::Tensor* t) { return t != nullptr; });
   }
 
   const c10::OperatorHandle& op_;
@@ -597,7 +624,13 @@ class Recorder {
   const OperatorFacts& facts_;
   torch::jit::Stack& stack_;
   const size_t first_argument_;
-  std::shared_ptr<OpGraph> graph_;
+  OpGraph* graph_ = nullptr;              // alive while the fakes of this call refer to it
+  std::shared_ptr<OpGraph> graph_owner_;  // graph_'s owner after its deferred_init returned
+  // describe_call(): the node's arguments, inputs and ambient state, until record() moves them
+  // into the graph (Note [Where the graph keeps its lists]).
+  c10::SmallVector<c10::IValue, 8> described_arguments_;
+  c10::SmallVector<RecordedInput, 4> described_inputs_;
+  AmbientState ambient_;
   c10::SmallVector<at::Tensor, 2> written_;
   std::vector<at::Tensor> written_real_;
   std::vector<at::Tensor> arguments_;  // a random op's tensor arguments, in input order
@@ -616,7 +649,7 @@ at::Tensor read_values(const at::Tensor& t) {
   TORCH_CHECK(rec != nullptr, "torchdefer: cannot read the values of ", describe(t),
               ": it was made under a FakeMode, which records nothing, so it has no values. Create "
               "it inside deferred_init, or use a real tensor.");
-  TORCH_CHECK(tls_graph == nullptr || rec->graph == tls_graph,
+  TORCH_CHECK(tls_graph == nullptr || rec->graph == tls_graph.get(),
               "torchdefer: cannot read the values of ", describe(t),
               " inside another deferred_init than the one that recorded it (",
               rec->graph->context(),

@@ -81,6 +81,11 @@ std::shared_ptr<RngAnchor> RngAnchor::after(std::shared_ptr<RngAnchor> base, uin
     anchor->target_dtype_ = sampler_target.scalar_type();
     anchor->description_ = c10::str(c10::toString(sampler->op.schema().operator_name()), " on ",
                                     describe(sampler_target));
+    anchor->sampler_arguments_ = sampler->arguments.vec();
+    anchor->sampler_inputs_ = sampler->inputs.vec();
+    sampler->arguments = anchor->sampler_arguments_;
+    sampler->inputs = anchor->sampler_inputs_;
+    sampler->outputs = {};
     anchor->sampler_ = std::move(sampler);
   }
   return anchor;
@@ -103,7 +108,7 @@ at::Tensor RngAnchor::state() {
     detail::run_sampler_on_scratch(*sampler_, target_sizes_, target_strides_, target_dtype_);
   }
   state_ = default_generator_state();
-  sampler_.reset();  // its real inputs need not live on
+  forget_sampler();  // its real inputs need not live on
   return state_;
 }
 
@@ -116,7 +121,7 @@ void RngAnchor::offer(const at::Tensor& state) {
   const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
   if (!state_.defined()) {
     state_ = state;
-    sampler_.reset();
+    forget_sampler();
   }
 }
 

@@ -218,7 +218,7 @@ const RandomOperator& random_operator(const c10::FunctionSchema& schema) {
 DrawPlan plan_draws(const RandomOperator& op, const OpGraph& graph, const RecordedNode& node,
                     const at::Tensor& target) {
   const c10::FunctionSchema& schema = node.op.schema();
-  const std::vector<c10::IValue>& arguments = node.arguments;
+  const c10::ArrayRef<c10::IValue> arguments = node.arguments;
   const OpInfo* info = op.info;
   // ATen fills a complex tensor through its real view (view_as_real): two reals per element, drawn
   // as the real dtype draws. Counting elements instead left the generator short of eager's after a

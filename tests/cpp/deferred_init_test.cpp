@@ -369,3 +369,39 @@ TEST(DeferredInitOptions, AreTakenBeforeTheConstructorArgumentsOrTheCallable) {
 
 }  // namespace
 }  // namespace torchdefer
+
+namespace torchdefer {
+namespace {
+
+// Note [Annotations live in the graph]: a fake's annotation points into its graph and shares the
+// graph's ownership, so one fake alone keeps the whole recording (more nodes than one chunk of the
+// graph's storage) alive and materializable.
+TEST(DeferredInit, KeepsTheGraphAliveThroughOneFakeAfterTheModuleIsGone) {
+  const int64_t nodes_before = detail::live_recorded_nodes();
+  torch::manual_seed(11);
+  torch::nn::Sequential eager;
+  for (int i = 0; i < 100; ++i) {
+    eager->push_back(torch::nn::Linear(4, 4));
+  }
+  torch::manual_seed(11);
+  at::Tensor last_bias;
+  {
+    auto model = deferred_init([] {
+      torch::nn::Sequential layers;
+      for (int i = 0; i < 100; ++i) {
+        layers->push_back(torch::nn::Linear(4, 4));
+      }
+      return layers;
+    });
+    last_bias = model->parameters().back();
+  }
+  ASSERT_TRUE(is_fake(last_bias));
+  EXPECT_GT(detail::live_recorded_nodes() - nodes_before, 256);
+  const at::Tensor real = materialize_tensor(last_bias);
+  EXPECT_TRUE(testing::bitwise_equal(real, eager->parameters().back()));
+  last_bias.reset();
+  EXPECT_EQ(detail::live_recorded_nodes(), nodes_before);
+}
+
+}  // namespace
+}  // namespace torchdefer

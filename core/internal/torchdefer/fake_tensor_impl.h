@@ -2,12 +2,15 @@
 // use it to find a fake's storage identity and, at materialization, to turn it real in place.
 #pragma once
 
+#include <torchdefer/torch_compat.h>
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/TensorImpl.h>
 
 #include <atomic>
 #include <memory>
+#include <typeinfo>
 
 namespace torchdefer {
 
@@ -95,8 +98,18 @@ class FakeTensorImpl final : public c10::TensorImpl {
   mutable std::atomic<bool> access_error_written_{false};
 };
 
-// The FakeTensorImpl behind `t`, or nullptr if `t` is not a fake.
-FakeTensorImpl* fake_impl(const at::TensorBase& t) noexcept;
+// The FakeTensorImpl behind `t`, or nullptr if `t` is not a fake. Inline: the recorder asks it
+// several times per recorded call.
+inline FakeTensorImpl* fake_impl(const at::TensorBase& t) noexcept {
+  if (!t.defined() || !t.key_set().has(kFakeKey)) {
+    return nullptr;
+  }
+  // A tensor can carry kFakeKey without being a fake (has_fake_metadata_only). FakeTensorImpl is
+  // final, so its exact type decides, which costs a pointer comparison where a dynamic_cast walks
+  // the class hierarchy.
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return typeid(*impl) == typeid(FakeTensorImpl) ? static_cast<FakeTensorImpl*>(impl) : nullptr;
+}
 
 // Wraps a meta tensor as a fake tensor that reports `device` (see the Note above).
 at::Tensor make_fake(at::Tensor meta, c10::Device device);

@@ -9,9 +9,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/Storage.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/flat_hash_map.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <future>
 #include <memory>
@@ -96,18 +98,115 @@ struct RecordedDraws {
   uint64_t stream = 0;
 };
 
+// Note [Where the graph keeps its lists]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Recording appends a node, a value per output and a storage per new storage for every call of a
+// model's construction (3,541 calls for Llama-70B), and those appends were a visible share of what
+// recording adds to a FakeMode construction (docs/results.md, C++ recording cost): three heap
+// vectors per node, and vectors of nodes, values and storages that moved every element each time
+// they grew. So a graph keeps its nodes, values,
+// storages and annotations in chunks that never move (StableVector), and every node's arguments,
+// inputs and outputs in graph-owned arenas (ListArena), each node holding views into them. An
+// element, once appended, stays where it is until the graph is freed: a node's lists cost no
+// allocation of their own, and a fake's annotation can point into the graph (RecordedFake).
+
+// Elements appended in chunks of 2^kChunkBits that are never reallocated: indexing is a shift and
+// a mask, and a reference stays valid while the vector lives.
+template <typename T, size_t kChunkBits = 8>
+class StableVector {
+ public:
+  static constexpr size_t kChunk = size_t{1} << kChunkBits;
+
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const T& operator[](size_t i) const { return chunks_[i >> kChunkBits][i & (kChunk - 1)]; }
+  T& operator[](size_t i) { return chunks_[i >> kChunkBits][i & (kChunk - 1)]; }
+  const T& front() const { return chunks_.front().front(); }
+  const T& back() const { return chunks_.back().back(); }
+  T& back() { return chunks_.back().back(); }
+
+  template <typename... Args>
+  T& emplace_back(Args&&... args) {
+    if ((size_ & (kChunk - 1)) == 0) {
+      chunks_.emplace_back().reserve(kChunk);
+    }
+    ++size_;
+    return chunks_.back().emplace_back(std::forward<Args>(args)...);
+  }
+
+ private:
+  std::vector<std::vector<T>> chunks_;  // each reserved to kChunk, so never reallocated
+  size_t size_ = 0;
+};
+
+// Contiguous runs of elements (a node's arguments, inputs or outputs) in chunks that are never
+// reallocated: a run is constructed in place and stays where it is.
+template <typename T>
+class ListArena {
+ public:
+  // Moves `elements` into the arena and returns where they now are.
+  template <typename Range>
+  c10::ArrayRef<T> take(Range& elements) {
+    std::vector<T>& chunk = chunk_for(elements.size());
+    const size_t first = chunk.size();
+    for (auto& element : elements) {
+      chunk.emplace_back(std::move(element));
+    }
+    return c10::ArrayRef<T>(chunk.data() + first, elements.size());
+  }
+
+  // `n` copies of `value`.
+  c10::ArrayRef<T> fill(size_t n, const T& value) {
+    std::vector<T>& chunk = chunk_for(n);
+    const size_t first = chunk.size();
+    chunk.insert(chunk.end(), n, value);
+    return c10::ArrayRef<T>(chunk.data() + first, n);
+  }
+
+ private:
+  static constexpr size_t kChunk = 1024;
+
+  std::vector<T>& chunk_for(size_t n) {
+    if (chunks_.empty() || chunks_.back().capacity() - chunks_.back().size() < n) {
+      chunks_.emplace_back().reserve(std::max(kChunk, n));
+    }
+    return chunks_.back();
+  }
+
+  std::vector<std::vector<T>> chunks_;  // each within its reserved capacity, never reallocated
+};
+
+// A node's lists are views into its graph's arenas (Note [Where the graph keeps its lists]); a
+// node describing a call not yet in a graph (the recorder's, before it appends it) views the
+// recorder's own buffers.
 struct RecordedNode {
   c10::OperatorHandle op;
-  std::vector<c10::IValue> arguments;  // tensors replaced by undefined placeholders
-  std::vector<RecordedInput> inputs;   // the tensors of `arguments`, in map_tensors order
-  std::vector<int64_t> outputs;        // a value per output tensor (map_tensors order), or -1
-  std::optional<RecordedDraws> draws;  // set for random ops
-  AmbientState ambient;                // Note [Ambient state is part of the recording]
+  c10::ArrayRef<c10::IValue> arguments;  // tensors replaced by undefined placeholders
+  c10::ArrayRef<RecordedInput> inputs;   // the tensors of `arguments`, in map_tensors order
+  c10::ArrayRef<int64_t> outputs;        // a value per output tensor (map_tensors order), or -1
+  std::optional<RecordedDraws> draws;    // set for random ops
+  AmbientState ambient;                  // Note [Ambient state is part of the recording]
 };
 
 struct RngAnchor;
 
-class OpGraph {
+class OpGraph;
+
+// Note [Annotations live in the graph]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// What the recorder attaches to every fake it records: which value of which graph it is. The
+// graph holds one per value (OpGraph::annotation()), and a fake holds it through a shared_ptr that
+// shares the graph's ownership (the aliasing constructor): no allocation per output, and the
+// graph lives exactly as long as a fake or a recording refers to it, as before.
+struct RecordedFake final : FakeAnnotation {
+  RecordedFake(OpGraph* graph, int64_t value) : graph(graph), value(value) {}
+  OpGraph* graph;
+  int64_t value;
+  // Shares the ownership of `graph` (alive while this annotation is held).
+  std::shared_ptr<OpGraph> shared_graph() const;
+};
+
+class OpGraph : public std::enable_shared_from_this<OpGraph> {
  public:
   // `context` names what was being constructed, for error messages ("torch::nn::LinearImpl").
   // `counter_seed` is the counter RNG seed of this recording (Note [Counter RNG]), ready when
@@ -125,16 +224,20 @@ class OpGraph {
 
   // The recorded program. Nodes, values and storages are only ever appended; read them while no
   // other thread records into this graph.
-  const std::vector<RecordedNode>& nodes() const { return nodes_; }
-  const std::vector<RecordedValue>& values() const { return values_; }
-  const std::vector<RecordedStorage>& storages() const { return storages_; }
+  const StableVector<RecordedNode>& nodes() const { return nodes_; }
+  const StableVector<RecordedValue>& values() const { return values_; }
+  const StableVector<RecordedStorage>& storages() const { return storages_; }
 
-  // Appends `node` (its outputs filled in by add_output) and returns its index.
-  int64_t add_node(RecordedNode&& node);
+  // Appends a node for a call of `op` and returns its index. Its arguments and inputs are moved
+  // from `arguments` and `inputs` into the graph; its `outputs` outputs start as -1 (set_output).
+  int64_t add_node(const c10::OperatorHandle& op, c10::SmallVectorImpl<c10::IValue>& arguments,
+                   c10::SmallVectorImpl<RecordedInput>& inputs, size_t outputs,
+                   AmbientState ambient);
 
   // Records output `fake` of node `node`: finds or creates its storage (created by `node` if the
-  // graph has not seen it) and returns the new value's index. `known` is the value `fake` was
-  // recorded as in this graph before, if it was (an in-place op returns its argument).
+  // graph has not seen it) and returns the new value's index, whose annotation is annotation().
+  // `known` is the value `fake` was recorded as in this graph before, if it was (an in-place op
+  // returns its argument).
   int64_t add_output(int64_t node, const at::Tensor& fake, int64_t known = -1);
 
   // Records that `node` wrote into the storage `fake` views. `known` is the value `fake` was
@@ -145,13 +248,17 @@ class OpGraph {
   // held by reference for a copy of what the node read (Note [Real tensors written while
   // recording]).
   void replace_input(int64_t node, size_t input, RecordedInput replacement) {
-    nodes_[node].inputs[input] = std::move(replacement);
+    // The graph owns the arena the view points into.
+    const_cast<RecordedInput&>(nodes_[node].inputs[input]) = std::move(replacement);
   }
 
-  // Sets the values of `node`'s output tensors (-1 where an output is not a fake).
-  void set_outputs(int64_t node, std::vector<int64_t> outputs) {
-    nodes_[node].outputs = std::move(outputs);
+  // Sets the value of `node`'s output tensor `output` (-1, as it starts, where it is no fake).
+  void set_output(int64_t node, size_t output, int64_t value) {
+    const_cast<int64_t&>(nodes_[node].outputs[output]) = value;
   }
+
+  // What a fake recorded as `value` carries (Note [Annotations live in the graph]).
+  const RecordedFake& annotation(int64_t value) const { return annotations_[value]; }
 
   // States of PyTorch's default CPU generator that random ops are placed from (rng_anchors.h).
   const std::shared_ptr<RngAnchor>& rng_anchor(int64_t anchor) const {
@@ -183,9 +290,13 @@ class OpGraph {
   void add_writer(int64_t storage, int64_t node);
 
   std::string context_;
-  std::vector<RecordedNode> nodes_;
-  std::vector<RecordedValue> values_;
-  std::vector<RecordedStorage> storages_;
+  StableVector<RecordedNode> nodes_;
+  StableVector<RecordedValue> values_;
+  StableVector<RecordedStorage> storages_;
+  StableVector<RecordedFake> annotations_;  // one per value
+  ListArena<c10::IValue> arguments_;
+  ListArena<RecordedInput> inputs_;
+  ListArena<int64_t> outputs_;
   // Per storage, what set_real_storage() recorded.
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> real_storages_;
   // Open addressing: every recorded output and write looks its storage up here.
@@ -197,13 +308,9 @@ class OpGraph {
   std::mutex mutex_;
 };
 
-// What the recorder attaches to every fake it records: which value of which graph it is.
-struct RecordedFake final : FakeAnnotation {
-  RecordedFake(std::shared_ptr<OpGraph> graph, int64_t value)
-      : graph(std::move(graph)), value(value) {}
-  std::shared_ptr<OpGraph> graph;
-  int64_t value;
-};
+inline std::shared_ptr<OpGraph> RecordedFake::shared_graph() const {
+  return graph->shared_from_this();
+}
 
 // The recording behind `t`, or nullptr if `t` is not a recorded fake.
 const RecordedFake* recorded(const at::TensorBase& t);

@@ -58,11 +58,20 @@ struct RngAnchor {
   std::string pending_samplers() const;
 
  private:
+  void forget_sampler() {
+    sampler_.reset();
+    sampler_arguments_.clear();
+    sampler_inputs_.clear();
+  }
+
   at::Tensor state_;
   std::shared_future<at::Tensor> later_;
   std::shared_ptr<RngAnchor> base_;
   uint64_t offset_ = 0;
+  // The sampler, a view of the two lists after it: the anchor owns what it read.
   std::optional<RecordedNode> sampler_;
+  std::vector<c10::IValue> sampler_arguments_;
+  std::vector<RecordedInput> sampler_inputs_;
   std::vector<int64_t> target_sizes_;
   std::vector<int64_t> target_strides_;
   c10::ScalarType target_dtype_ = c10::ScalarType::Undefined;
