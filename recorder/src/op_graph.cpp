@@ -22,10 +22,10 @@ OpGraph::~OpGraph() { live_nodes -= static_cast<int64_t>(nodes_.size()); }
 
 int64_t OpGraph::add_node(const c10::OperatorHandle& op,
                           c10::SmallVectorImpl<c10::IValue>& arguments,
-                          c10::SmallVectorImpl<RecordedInput>& inputs, size_t outputs,
-                          AmbientState ambient) {
+                          c10::SmallVectorImpl<RecordedInput>& inputs,
+                          c10::SmallVectorImpl<int64_t>& outputs, AmbientState ambient) {
   nodes_.emplace_back(RecordedNode{op, arguments_.take(arguments), inputs_.take(inputs),
-                                   outputs_.fill(outputs, -1), std::nullopt, ambient});
+                                   outputs_.take(outputs), std::nullopt, ambient});
   ++live_nodes;
   return static_cast<int64_t>(nodes_.size()) - 1;
 }
@@ -61,11 +61,10 @@ int64_t OpGraph::storage_of(const FakeTensorImpl& fake, int64_t node) {
   return it->second;
 }
 
-int64_t OpGraph::add_output(int64_t node, const at::Tensor& fake, int64_t known) {
-  const FakeTensorImpl* impl = fake_impl(fake);
-  TORCH_INTERNAL_ASSERT(impl != nullptr, "torchdefer: only fakes are recorded as values");
-  const int64_t storage_index = known_storage(*impl, known).value_or(-1);
-  const int64_t storage = storage_index >= 0 ? storage_index : storage_of(*impl, node);
+int64_t OpGraph::add_output(int64_t node, const FakeTensorImpl& impl, const at::Tensor& fake,
+                            int64_t known) {
+  const int64_t storage_index = known_storage(impl, known).value_or(-1);
+  const int64_t storage = storage_index >= 0 ? storage_index : storage_of(impl, node);
   // Filled in place: moving a value copies its inline sizes.
   RecordedValue& value = values_.emplace_back();
   value.storage = storage;
@@ -84,20 +83,18 @@ int64_t OpGraph::add_output(int64_t node, const at::Tensor& fake, int64_t known)
   return index;
 }
 
-void OpGraph::add_write(int64_t node, const at::Tensor& fake, int64_t known) {
-  const FakeTensorImpl* impl = fake_impl(fake);
-  TORCH_INTERNAL_ASSERT(impl != nullptr, "torchdefer: only writes into fakes are recorded");
-  if (const std::optional<int64_t> storage = known_storage(*impl, known)) {
+void OpGraph::add_write(int64_t node, const FakeTensorImpl& impl, int64_t known) {
+  if (const std::optional<int64_t> storage = known_storage(impl, known)) {
     add_writer(*storage, node);
     return;
   }
-  const auto found = storage_index_.find(impl->storage_identity());
+  const auto found = storage_index_.find(impl.storage_identity());
   if (found == storage_index_.end()) {
     // A fake this graph never saw (made under a plain FakeMode, or by another deferred_init):
     // the write is remembered, with no creator, so that replay can say why it cannot proceed.
-    storage_index_.emplace(impl->storage_identity(), static_cast<int64_t>(storages_.size()));
+    storage_index_.emplace(impl.storage_identity(), static_cast<int64_t>(storages_.size()));
     RecordedStorage& storage = storages_.emplace_back();
-    storage.identity = impl->meta_storage();
+    storage.identity = impl.meta_storage();
     storage.writers.push_back(node);
     real_storages_.emplace_back(c10::intrusive_ptr<c10::StorageImpl>());
     return;
@@ -127,11 +124,12 @@ int64_t OpGraph::add_rng_anchor(std::shared_ptr<RngAnchor> anchor) {
 
 const RecordedFake* recorded(const at::TensorBase& t) {
   const FakeTensorImpl* impl = fake_impl(t);
-  if (impl == nullptr) {
-    return nullptr;
-  }
+  return impl != nullptr ? recorded(*impl) : nullptr;
+}
+
+const RecordedFake* recorded(const FakeTensorImpl& impl) {
   // RecordedFake is final: its exact type decides (see fake_impl).
-  const FakeAnnotation* annotation = impl->annotation().get();
+  const FakeAnnotation* annotation = impl.annotation().get();
   return annotation != nullptr && typeid(*annotation) == typeid(RecordedFake)
              ? static_cast<const RecordedFake*>(annotation)
              : nullptr;

@@ -111,8 +111,9 @@ struct OperatorFacts {
   bool random = false;
   // False when value_reading_api() answers nullopt whatever the arguments.
   bool may_read_values = true;
-  std::vector<bool> written;  // per schema argument
-  bool writes = false;
+  // Per schema argument. Bytes, not std::vector<bool>: every recorded call reads it per argument,
+  // and a bit vector's indexing was a visible share of scanning the stack.
+  std::vector<uint8_t> written;
   BitView bit_view = BitView::kNone;  // Note [Conjugate and negative views of fakes]
   // Recorded as the ops its composite kernel calls (Note [Composite ops that read values inside]).
   bool records_its_parts = false;
@@ -131,8 +132,7 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
     facts.may_read_values = value_reading_api(op, {}).has_value();
   }
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
-    facts.written.push_back(writes_argument(schema, i));
-    facts.writes = facts.writes || facts.written.back();
+    facts.written.push_back(writes_argument(schema, i) ? 1 : 0);
   }
   return facts;
 }
@@ -211,6 +211,9 @@ void for_each_tensor(const c10::IValue& value, const F& f) {
 // as they were. A random op is placed on its generator (Note [Torch-mode draw offsets]) before its
 // node joins the graph: one that cannot be placed (an explicit generator of another device, a
 // scratch run that fails) leaves no node behind, and placing needs no copy of a node in the graph.
+// Under the graph's lock the recorder then appends, in one pass, the call's writes and outputs
+// (which name the node by the index it is about to get) and the node itself, finding each fake's
+// FakeTensorImpl once; nothing between them checks or refuses, so no half-appended node remains.
 class Recorder {
  public:
   Recorder(const c10::OperatorHandle& op, torch::jit::Stack* stack)
@@ -294,6 +297,9 @@ class Recorder {
           return;
         }
         has_fake_ = true;
+        if (written) {
+          written_.push_back(t);
+        }
         if (graph_ == nullptr) {
           if (const RecordedFake* rec = recorded(t)) {
             // Held: the call may pop the only reference to this fake before record().
@@ -449,21 +455,22 @@ class Recorder {
     return input;
   }
 
-  // Copies the call's arguments, each tensor replaced by a placeholder and classified, into the
-  // recorder's buffers (the graph takes them in record()), and remembers the fakes the call
-  // writes, before the call pops its arguments.
-  void describe_call() {
-    if (facts_.writes) {
-      for (size_t i = 0; i < facts_.written.size(); ++i) {
-        if (facts_.written[i]) {
-          for_each_tensor(stack_[first_argument_ + i], [&](const at::Tensor& t) {
-            if (is_fake(t)) {
-              written_.push_back(t);
-            }
-          });
-        }
-      }
+  // A list argument (sizes, dims) that holds no tensor and that only the stack refers to: the node
+  // can keep the list itself instead of a copy, since nothing else can change it once the call
+  // pops it (the kernels below read list arguments). A list held elsewhere too (a TorchScript
+  // list variable) is copied, as before: its owner may change it after the call.
+  static bool is_private_list_of_no_tensors(const c10::IValue& argument) {
+    if (!argument.isList() || argument.use_count() != 1 || argument.isTensorList()) {
+      return false;
     }
+    const c10::ArrayRef<c10::IValue> elements = argument.toListRef();
+    return std::none_of(elements.begin(), elements.end(),
+                        [](const c10::IValue& element) { return element.isTensor(); });
+  }
+
+  // Copies the call's arguments, each tensor replaced by a placeholder and classified, into the
+  // recorder's buffers (the graph takes them in record()), before the call pops its arguments.
+  void describe_call() {
     ambient_ = AmbientState::current();
     const bool random = facts_.random;
     if (random) {
@@ -479,6 +486,10 @@ class Recorder {
           arguments_.push_back(t);
         }
         described_arguments_.emplace_back(at::Tensor());
+        continue;
+      }
+      if (is_private_list_of_no_tensors(argument)) {
+        described_arguments_.push_back(argument);
         continue;
       }
       described_arguments_.push_back(map_tensors(argument, [&](const at::Tensor& t) {
@@ -542,9 +553,10 @@ class Recorder {
                                            graph_->context() + ", outside that call";
   }
 
-  // The value `t` was recorded as in this graph, or -1 (Note [Finding a fake's storage]).
-  int64_t value_in_graph(const at::Tensor& t) const {
-    const RecordedFake* rec = recorded(t);
+  // The value the fake `impl` was recorded as in this graph, or -1 (Note [Finding a fake's
+  // storage]).
+  int64_t value_in_graph(const FakeTensorImpl& impl) const {
+    const RecordedFake* rec = recorded(impl);
     return rec != nullptr && rec->graph == graph_ ? rec->value : -1;
   }
 
@@ -573,26 +585,29 @@ class Recorder {
     }
     const std::shared_ptr<OpGraph>& owner = graph_owner();
     const auto lock = graph_->lock();
-    const int64_t index = graph_->add_node(op_, described_arguments_, described_inputs_,
-                                           fake_outputs.size(), ambient_);
+    // One pass under the lock: the node's writes and outputs, which name it, then the node.
+    const int64_t index = graph_->next_node();
     // Writes first: an in-place op on a fake this graph did not create returns that fake, which
     // must not become a value created by this node (its storage has no recorded origin).
     for (const at::Tensor& t : written_) {
-      graph_->add_write(index, t, value_in_graph(t));
+      const FakeTensorImpl& impl = *fake_impl(t);
+      graph_->add_write(index, impl, value_in_graph(impl));
     }
-    for (size_t i = 0; i < fake_outputs.size(); ++i) {
-      if (fake_outputs[i] == nullptr) {
+    c10::SmallVector<int64_t, 2> outputs;
+    for (const at::Tensor* t : fake_outputs) {
+      if (t == nullptr) {
+        outputs.push_back(-1);
         continue;
       }
-      const at::Tensor& t = *fake_outputs[i];
-      const int64_t value = graph_->add_output(index, t, value_in_graph(t));
-      FakeTensorImpl* impl = fake_impl(t);
+      FakeTensorImpl* impl = fake_impl(*t);
+      const int64_t value = graph_->add_output(index, *impl, *t, value_in_graph(*impl));
       // Note [Annotations live in the graph]
       impl->set_annotation(
           std::shared_ptr<const FakeAnnotation>(owner, &graph_->annotation(value)));
       impl->include_dispatch_key(kDeferredInitKey);
-      graph_->set_output(index, i, value);
+      outputs.push_back(value);
     }
+    graph_->add_node(op_, described_arguments_, described_inputs_, outputs, ambient_);
     remember_real_reads(index);
     if (draws) {
       graph_->set_draws(index, std::move(*draws));
@@ -631,7 +646,7 @@ class Recorder {
   c10::SmallVector<c10::IValue, 8> described_arguments_;
   c10::SmallVector<RecordedInput, 4> described_inputs_;
   AmbientState ambient_;
-  c10::SmallVector<at::Tensor, 2> written_;
+  c10::SmallVector<at::Tensor, 2> written_;  // the fakes the call writes, in map_tensors order
   std::vector<at::Tensor> written_real_;
   std::vector<at::Tensor> arguments_;  // a random op's tensor arguments, in input order
   bool has_fake_ = false;

@@ -403,5 +403,25 @@ TEST(DeferredInit, KeepsTheGraphAliveThroughOneFakeAfterTheModuleIsGone) {
   EXPECT_EQ(detail::live_recorded_nodes(), nodes_before);
 }
 
+// Note [Recording an op]: a node keeps a list argument without tensors as it is only when the
+// stack alone holds it; a list its caller still holds is copied, so a later change to the
+// caller's list does not reach the recording.
+TEST(DeferredInit, CopiesAListArgumentTheCallerStillHolds) {
+  c10::List<int64_t> sizes({2, 3});
+  at::Tensor t = deferred_init([&] {
+    const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::ones", "");
+    torch::jit::Stack stack{c10::IValue(sizes), c10::IValue(), c10::IValue(), c10::IValue(),
+                            c10::IValue()};
+    op.callBoxed(&stack);
+    return stack[0].toTensor();
+  });
+  sizes.set(0, 5);
+  const RecordedFake* rec = recorded(t);
+  ASSERT_NE(rec, nullptr);
+  const RecordedNode& node = rec->graph->nodes()[rec->graph->values()[rec->value].node];
+  EXPECT_EQ(node.arguments[0].toIntVector(), std::vector<int64_t>({2, 3}));
+  EXPECT_EQ(t.sizes(), c10::IntArrayRef({2, 3}));
+}
+
 }  // namespace
 }  // namespace torchdefer

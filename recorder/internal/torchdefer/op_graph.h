@@ -72,9 +72,10 @@ struct RecordedStorage {
   c10::Storage identity;    // the fakes' meta storage; held so that its address stays unique
   int64_t creator = -1;     // the node that created it
   int64_t base_value = -1;  // the value that node returned for it
-  // The creator, then every in-place or out= write, in order. Inline up to 2: most storages are
-  // created and filled once, and a heap list per storage was a visible share of recording.
-  c10::SmallVector<int64_t, 2> writers;
+  // The creator, then every in-place or out= write, in order. Inline up to 6: most storages are
+  // created and filled once, a trunc_normal_ initialization writes five times (uniform_, erfinv_,
+  // mul_, add_, clamp_), and a heap list per storage was a visible share of recording.
+  c10::SmallVector<int64_t, 6> writers;
 };
 
 // Where a random op's draws start in torch RNG mode (Note [Torch-mode draw offsets]).
@@ -155,14 +156,6 @@ class ListArena {
     return c10::ArrayRef<T>(chunk.data() + first, elements.size());
   }
 
-  // `n` copies of `value`.
-  c10::ArrayRef<T> fill(size_t n, const T& value) {
-    std::vector<T>& chunk = chunk_for(n);
-    const size_t first = chunk.size();
-    chunk.insert(chunk.end(), n, value);
-    return c10::ArrayRef<T>(chunk.data() + first, n);
-  }
-
  private:
   static constexpr size_t kChunk = 1024;
 
@@ -228,21 +221,26 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   const StableVector<RecordedValue>& values() const { return values_; }
   const StableVector<RecordedStorage>& storages() const { return storages_; }
 
-  // Appends a node for a call of `op` and returns its index. Its arguments and inputs are moved
-  // from `arguments` and `inputs` into the graph; its `outputs` outputs start as -1 (set_output).
+  // The index the next add_node() returns. The recorder appends a call's writes and outputs, which
+  // name their node, and then the node, in one pass under the lock (Note [Recording an op]).
+  int64_t next_node() const { return static_cast<int64_t>(nodes_.size()); }
+
+  // Appends a node for a call of `op` and returns its index. Its arguments, inputs and outputs (a
+  // value per output tensor, -1 where it is no fake) are moved into the graph.
   int64_t add_node(const c10::OperatorHandle& op, c10::SmallVectorImpl<c10::IValue>& arguments,
-                   c10::SmallVectorImpl<RecordedInput>& inputs, size_t outputs,
-                   AmbientState ambient);
+                   c10::SmallVectorImpl<RecordedInput>& inputs,
+                   c10::SmallVectorImpl<int64_t>& outputs, AmbientState ambient);
 
-  // Records output `fake` of node `node`: finds or creates its storage (created by `node` if the
-  // graph has not seen it) and returns the new value's index, whose annotation is annotation().
-  // `known` is the value `fake` was recorded as in this graph before, if it was (an in-place op
-  // returns its argument).
-  int64_t add_output(int64_t node, const at::Tensor& fake, int64_t known = -1);
+  // Records output `fake` (whose FakeTensorImpl is `impl`) of node `node`: finds or creates its
+  // storage (created by `node` if the graph has not seen it) and returns the new value's index,
+  // whose annotation is annotation(). `known` is the value `fake` was recorded as in this graph
+  // before, if it was (an in-place op returns its argument).
+  int64_t add_output(int64_t node, const FakeTensorImpl& impl, const at::Tensor& fake,
+                     int64_t known = -1);
 
-  // Records that `node` wrote into the storage `fake` views. `known` is the value `fake` was
-  // recorded as in this graph, if it was (a hint: Note [Finding a fake's storage]).
-  void add_write(int64_t node, const at::Tensor& fake, int64_t known = -1);
+  // Records that `node` wrote into the storage the fake `impl` views. `known` is the value that
+  // fake was recorded as in this graph, if it was (a hint: Note [Finding a fake's storage]).
+  void add_write(int64_t node, const FakeTensorImpl& impl, int64_t known = -1);
 
   // Replaces input `input` of `node` (in map_tensors order): the recorder swaps a real tensor it
   // held by reference for a copy of what the node read (Note [Real tensors written while
@@ -250,11 +248,6 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   void replace_input(int64_t node, size_t input, RecordedInput replacement) {
     // The graph owns the arena the view points into.
     const_cast<RecordedInput&>(nodes_[node].inputs[input]) = std::move(replacement);
-  }
-
-  // Sets the value of `node`'s output tensor `output` (-1, as it starts, where it is no fake).
-  void set_output(int64_t node, size_t output, int64_t value) {
-    const_cast<int64_t&>(nodes_[node].outputs[output]) = value;
   }
 
   // What a fake recorded as `value` carries (Note [Annotations live in the graph]).
@@ -314,6 +307,8 @@ inline std::shared_ptr<OpGraph> RecordedFake::shared_graph() const {
 
 // The recording behind `t`, or nullptr if `t` is not a recorded fake.
 const RecordedFake* recorded(const at::TensorBase& t);
+// The recording behind the fake `impl`, or nullptr if it is not a recorded fake.
+const RecordedFake* recorded(const FakeTensorImpl& impl);
 
 namespace detail {
 // How many recorded nodes are alive in this process (for tests of the graph's lifetime).
