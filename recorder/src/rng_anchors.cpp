@@ -164,7 +164,9 @@ void warn_unpaid(const GeneratorDebt& owed) {
   TORCH_WARN("torchdefer: the default CPU generator was used after deferred_init of ", owed.context,
              " before its value-dependent random ops (", owed.samplers,
              ") were resolved, so it could not be left where eager construction leaves it: "
-             "numbers drawn from it since then differ from eager's (materialized values do not). "
+             "numbers drawn from it since then differ from eager's, and so do the values of "
+             "random ops recorded after that draw (a later deferred_init, init code run on a "
+             "returned model); values recorded before it are eager's. "
              "Materialize in torch RNG mode before drawing, or pass exact_generator=True to "
              "deferred_init (Note [The generator after deferred_init]).");
 }

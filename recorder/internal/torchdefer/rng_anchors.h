@@ -100,9 +100,10 @@ namespace detail {
 //  - before an unrecorded random op that the recorder sees (it computes the anchor then), and at
 //    the start of the next recording, which continues the chain from the owed state instead.
 // If the generator was moved meanwhile by a reseed, the debt is moot, as it would be in eager.
-// If it was moved otherwise (someone drew from it), the numbers drawn differ from eager's and the
-// debt can no longer be paid: torchdefer warns, naming the samplers, at the first point it sees
-// that. Where that is not acceptable, deferred_init(..., exact_generator=True) resolves the
+// If it was moved otherwise (someone drew from it), the numbers drawn differ from eager's, as do
+// the values of random ops recorded after that draw (they are placed from the moved generator),
+// and the debt can no longer be paid: torchdefer warns, naming the samplers, at the first point
+// it sees that. Where that is not acceptable, deferred_init(..., exact_generator=True) resolves the
 // anchors when the recording ends (eager's cost for those ops, on a scratch tensor) and leaves the
 // generator exact at once.
 //
