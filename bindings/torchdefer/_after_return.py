@@ -177,6 +177,12 @@ def _new(func, args, kwargs):
     return made
 
 
+def _scalar(func, args, kwargs):
+    """``float``, ``int``, ``index``, ``complex`` and ``bool`` of one element read it; torch refuses
+    any other size before reading, with eager's error."""
+    return _recording._read(func, args, kwargs) if args[0].numel() == 1 else func(*args, **kwargs)
+
+
 def _repr(func, args, kwargs):
     """A fake describes itself, as inside deferred_init (Note [Printing a handed-out fake])."""
     self = args[0]
@@ -271,11 +277,11 @@ _HANDLERS = {
     _TensorBase.tolist: _recording._read,
     _TensorBase.numpy: _recording._read,
     torch.Tensor.__array__: _recording._read,
-    _TensorBase.__float__: _recording._read,
-    _TensorBase.__int__: _recording._read,
-    _TensorBase.__index__: _recording._read,
-    _TensorBase.__complex__: _recording._read,
-    _TensorBase.__bool__: _recording._read,
+    _TensorBase.__float__: _scalar,
+    _TensorBase.__int__: _scalar,
+    _TensorBase.__index__: _scalar,
+    _TensorBase.__complex__: _scalar,
+    _TensorBase.__bool__: _scalar,
     torch.Tensor.__reduce_ex__: _refuse_pickling,
     torch.Tensor.__deepcopy__: _deep_copy,
 }

@@ -308,5 +308,7 @@ def test_torch_tensor_of_a_list_holding_fakes_after_return_is_eagers_real_tensor
         assert got == expected
     with pytest.raises(TypeError, match="only integer tensors of a single element"):
         torch.tensor([model[0].weight[0, 0], 2.0], dtype=torch.int64)  # eager's error
+    with pytest.raises(RuntimeError, match="more than one value is ambiguous"):
+        bool(model[0].weight)  # refused by size, as in eager, before any value is read
     torchdefer.materialize_module(model)
     assert_same_model(eager, model)
