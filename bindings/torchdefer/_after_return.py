@@ -35,7 +35,12 @@ for fakes, and nothing more:
   own frame) runs it as one recorded ``torchdefer::trunc_normal_`` instead, with torch's bits
   (Note [trunc_normal_ as one operator]), exactly as while recording;
 * ``tolist``, ``numpy`` and ``__array__``, which torch implements by reading memory past the
-  dispatcher, read the values as ``item()`` does (Note [Reading values while recording]);
+  dispatcher, read the values as ``item()`` does (Note [Reading values while recording]); so do
+  ``float``, ``int``, ``index``, ``complex`` and ``bool`` of one, which ``torch.tensor`` and
+  ``torch.as_tensor`` call for each tensor in the lists and tuples they are given (torch's own
+  conversion there fails with the fake's "no storage" error, although ``float(t)`` elsewhere
+  reaches the recorder), so that ``torch.tensor([w[0, 0] * 2, 1.0])`` is eager's real tensor, as
+  inside deferred_init;
 * ``copy.deepcopy`` makes a deferred copy (Note [Deep copies after deferred_init returned] in
   ``_deepcopy.py``), and pickling (``torch.save``, ``pickle``) is refused with a message that says
   to materialize first: a fake has no values to save;
@@ -172,6 +177,12 @@ def _new(func, args, kwargs):
     return made
 
 
+def _scalar(func, args, kwargs):
+    """``float``, ``int``, ``index``, ``complex`` and ``bool`` of one element read it; torch refuses
+    any other size before reading, with eager's error."""
+    return _recording._read(func, args, kwargs) if args[0].numel() == 1 else func(*args, **kwargs)
+
+
 def _repr(func, args, kwargs):
     """A fake describes itself, as inside deferred_init (Note [Printing a handed-out fake])."""
     self = args[0]
@@ -261,10 +272,16 @@ _HANDLERS = {
     _TensorBase.new_tensor: _new_tensor,
     _TensorBase.new: _new,
     # Torch reads these from memory, past the dispatcher, where a fake has nothing: its values are
-    # read as item() reads them (Note [Reading values while recording]).
+    # read as item() reads them (Note [Reading values while recording]). The scalar conversions are
+    # how torch.tensor/torch.as_tensor store each tensor of a list.
     _TensorBase.tolist: _recording._read,
     _TensorBase.numpy: _recording._read,
     torch.Tensor.__array__: _recording._read,
+    _TensorBase.__float__: _scalar,
+    _TensorBase.__int__: _scalar,
+    _TensorBase.__index__: _scalar,
+    _TensorBase.__complex__: _scalar,
+    _TensorBase.__bool__: _scalar,
     torch.Tensor.__reduce_ex__: _refuse_pickling,
     torch.Tensor.__deepcopy__: _deep_copy,
 }

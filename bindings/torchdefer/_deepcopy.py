@@ -51,12 +51,25 @@ fake of class ``torch.Tensor`` its tree holds, the way a buffer is copied above;
 then finds each in ``memo`` when it reaches it, as it finds an object it copied before. Copies are
 handed out, and storages shared as in eager, since the storage copies are keyed the same way. This
 costs a walk of the copied tree's attributes once per deepcopy call. It misses a plain-attribute
-fake that the copy reaches before any parameter or buffer fake: one held by a module that comes,
-in the module's own order (parameters, buffers, children, then attributes), before every module
-holding a parameter or buffer fake, as in ``nn.Sequential(Rotary(), nn.Linear(...))`` where
-``Rotary`` holds its tables only as attributes. Torch's copy then raises the fake's "no data"
-error; registering the table as a buffer (``persistent=False`` keeps it out of the state dict),
-or materializing first, avoids it.
+fake that the copy reaches before any parameter or buffer fake, since nothing of torchdefer runs
+before that (a plain ``torch.Tensor`` has no ``__torch_function__`` to ask, and ``nn.Module`` no
+``__deepcopy__``):
+
+* one held by a module that comes, in the module's own order (parameters, buffers, children, then
+  attributes), before every module holding a parameter or buffer fake, as in
+  ``nn.Sequential(Rotary(), nn.Linear(...))`` where ``Rotary`` holds its tables only as attributes;
+* one of a module copied on its own that holds fakes only as attributes
+  (``copy.deepcopy(model.rotary)``);
+* one listed before the model in what is copied (``copy.deepcopy({"rope": model.rotary.inv_freq,
+  "model": model})``), or in a module the ``memo`` passed to ``copy.deepcopy`` already maps
+  (``copy.deepcopy(model, {id(model.linear): model.linear})``: the copy never copies a parameter).
+
+Torch's copy then raises the fake's "Cannot access the data or storage of fake ..." error, from
+C++, where no Python of torchdefer can name the deepcopy. Registering the table as a buffer
+(``persistent=False`` keeps it out of the state dict), which is handed out and copies itself, or
+materializing first, avoids it. Handing out plain attributes too would close all three, at the
+cost of a walk of every attribute of every module at the end of every deferred_init (Note
+[Handed-out fakes after deferred_init]).
 """
 
 from __future__ import annotations

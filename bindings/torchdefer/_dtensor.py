@@ -16,6 +16,14 @@ its global shape at this rank's mesh coordinate. The result becomes the DTensor'
 (for FSDP2, is copied into FSDP2's padded buffer, which the local tensor views). A replicated
 DTensor computes the whole tensor; a sharded one never does.
 
+Only what the modules held when deferred_init returned is remembered: a parameter or buffer set
+after it returned (``m.c = nn.Parameter(m.b.weight.t() + 1)``, ``register_buffer`` of a computed
+fake) is recorded, but the DTensor that replaces it leaves no path back to it, since nothing of
+torchdefer runs between the assignment and ``fully_shard`` (learning it would take a hook on
+every module's ``__setattr__``, in every thread). Materializing such a DTensor is refused with a
+message that names it, says it was set after deferred_init returned, and says to set it inside
+the function deferred_init runs, where it is remembered like the rest.
+
 Note [Counter mode for a module with DTensors]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 In counter mode an element's value depends only on the recording and the element's global index,
@@ -319,8 +327,12 @@ def _targets(module: torch.nn.Module) -> List[_Target]:
         if global_fake is None or not _C.is_fake(global_fake):
             raise RuntimeError(
                 f"torchdefer: {name} is a DTensor whose local tensor is fake, but no fake recorded "
-                f"as {name} is known: distribute it (parallelize_module, fully_shard, "
-                "distribute_tensor) on the module torchdefer.deferred_init returned, keeping its name"
+                f"as {name} is known. torchdefer knows the parameters and buffers each module held "
+                f"when deferred_init returned, by name, and {name} was not one of them: it was set "
+                "after deferred_init returned (a parameter or buffer computed from the deferred "
+                "model), renamed, or taken from another module. Set it inside the function "
+                "deferred_init runs (torchdefer.deferred_init(lambda: setup(Model()))), then "
+                "distribute it (parallelize_module, fully_shard, distribute_tensor) under that name"
             )
         known = by_dtensor.get(id(t))
         if known is not None:

@@ -276,3 +276,39 @@ def test_a_deferred_block_with_exact_generator_leaves_eagers_generator_after_ini
     assert torch.equal(torch.get_rng_state(), eager_state)
     torchdefer.materialize_module(model)
     assert_same_model(eager, model)
+
+
+# --- torch.tensor of lists holding fakes after return -------------------------------------------
+
+FROM_LISTS = {
+    "torch.tensor([p[0, 0] * 2, p[1, 1]], float64)":
+        lambda p: torch.tensor([p[0, 0] * 2, p[1, 1]], dtype=torch.float64),
+    "torch.as_tensor([p[0, 0], 1.0])": lambda p: torch.as_tensor([p[0, 0], 1.0]),
+    "torch.tensor(nested)": lambda p: torch.tensor([[p[0, 0], p[0, 1]], (3.0, p[1, 0])]),
+    "torch.tensor(ints)": lambda p: torch.tensor([(p[0, 0] * 100).to(torch.int64), 7]),
+    "torch.tensor(bools)": lambda p: torch.tensor([True, p[0, 0] > 0]),
+    "torch.tensor(complex64)": lambda p: torch.tensor([p[0, 1], 2.0], dtype=torch.complex64),
+    "torch.tensor(bfloat16)": lambda p: torch.tensor([p[0, 1] * 3, 2.0], dtype=torch.bfloat16),
+    "float(p[0, 0])": lambda p: float(p[0, 0]),
+    "int index": lambda p: [10, 20, 30][(p[0, 0] * 0).to(torch.int64)],
+}
+
+
+@pytest.mark.parametrize("name", list(FROM_LISTS))
+def test_torch_tensor_of_a_list_holding_fakes_after_return_is_eagers_real_tensor(name):
+    """torch stores each element of a list through ``float()``/``int()``/``bool()``/``complex()``
+    of it, which the handed-out class answers by reading values (Note [Handed-out fakes after
+    deferred_init]); the result is a real tensor, as in eager and inside deferred_init."""
+    eager, model = eager_and_deferred()
+    expected, got = FROM_LISTS[name](eager[0].weight), FROM_LISTS[name](model[0].weight)
+    if isinstance(expected, torch.Tensor):
+        assert type(got) is torch.Tensor and not torchdefer.is_fake(got)
+        assert got.dtype == expected.dtype and bitwise_equal(expected, got)
+    else:
+        assert got == expected
+    with pytest.raises(TypeError, match="only integer tensors of a single element"):
+        torch.tensor([model[0].weight[0, 0], 2.0], dtype=torch.int64)  # eager's error
+    with pytest.raises(RuntimeError, match="more than one value is ambiguous"):
+        bool(model[0].weight)  # refused by size, as in eager, before any value is read
+    torchdefer.materialize_module(model)
+    assert_same_model(eager, model)
