@@ -82,16 +82,18 @@ def test_import_and_use_leave_every_torch_function_as_it_was():
     assert before == after, "the CUDA lazy-init state leaked out of deferred_init"
 
 
-def test_recording_is_invisible_to_other_threads():
-    seen = {}
+def _on_another_thread_while_recording(work):
+    """``work()``'s result, run on another thread while this thread's deferred_init is open."""
+    result = {}
     recording = threading.Event()
     checked = threading.Event()
 
     def other_thread():
         recording.wait()
-        seen["modes"] = torch.overrides._get_current_function_mode_stack()
-        seen["made"] = torch.ones(2)
-        checked.set()
+        try:
+            result["value"] = work()
+        finally:
+            checked.set()
 
     def build():
         recording.set()
@@ -102,8 +104,15 @@ def test_recording_is_invisible_to_other_threads():
     thread.start()
     model = torchdefer.deferred_init(build)
     thread.join()
-    assert seen["modes"] == [] and not torchdefer.is_fake(seen["made"])
     assert torchdefer.is_fake(model.weight)
+    return result["value"]
+
+
+def test_recording_is_invisible_to_other_threads():
+    modes, made = _on_another_thread_while_recording(
+        lambda: (torch.overrides._get_current_function_mode_stack(), torch.ones(2))
+    )
+    assert modes == [] and not torchdefer.is_fake(made)
     assert torch.overrides._get_current_function_mode_stack() == []
 
 
@@ -186,32 +195,18 @@ def _real_tensor_behaviour():
 
 def test_other_threads_get_torchs_behaviour_while_a_recording_is_open():
     expected = _real_tensor_behaviour()
-    seen = {}
-    recording = threading.Event()
-    checked = threading.Event()
     with torchdefer.fake_mode():
         fake = torch.ones(2)
 
-    def other_thread():
-        recording.wait()
+    def work():
+        seen = {"behaviour": _real_tensor_behaviour()}
         try:
-            seen["behaviour"] = _real_tensor_behaviour()
-            try:
-                repr(fake)
-            except RuntimeError as error:  # torch's value read, as with no recording open
-                seen["fake"] = str(error)
-        finally:
-            checked.set()
+            repr(fake)
+        except RuntimeError as error:  # torch's value read, as with no recording open
+            seen["fake"] = str(error)
+        return seen
 
-    def build():
-        recording.set()
-        checked.wait(timeout=60)
-        return torch.nn.Linear(2, 2)
-
-    thread = threading.Thread(target=other_thread)
-    thread.start()
-    torchdefer.deferred_init(build)
-    thread.join()
+    seen = _on_another_thread_while_recording(work)
     assert seen["behaviour"] == expected
     assert "fake" in seen and "FakeTensor(" not in seen["fake"]
 
@@ -233,31 +228,13 @@ def test_a_subclass_on_another_thread_is_handed_torchs_own_functions_while_a_rec
         return made
 
     outside = calls()
-    during = {}
-    recording = threading.Event()
-    checked = threading.Event()
+    during = _on_another_thread_while_recording(calls)
 
-    def other_thread():
-        recording.wait()
-        try:
-            during["funcs"] = calls()
-        finally:
-            checked.set()
-
-    def build():
-        recording.set()
-        checked.wait(timeout=60)
-        return torch.nn.Linear(2, 2)
-
-    thread = threading.Thread(target=other_thread)
-    thread.start()
-    torchdefer.deferred_init(build)
-    thread.join()
     def what(func):  # a descriptor's __get__/__set__ is a new object at each access
         return (func.__self__, func.__name__) if type(func).__name__ == "method-wrapper" else func
 
     # The same functions: torch's own, never a stand-in.
-    assert len(outside) == 6 and [what(f) for f in during["funcs"]] == [what(f) for f in outside]
+    assert len(outside) == 6 and [what(f) for f in during] == [what(f) for f in outside]
 
 
 def test_stand_ins_stay_until_the_last_of_overlapping_recordings_closes():
