@@ -8,11 +8,11 @@ is done by stand-ins for a few of torch's Python entry points, installed while a
 any thread (:class:`FakeTensorFunctions`, a count under a lock: the first to open installs them,
 the last to close, by return or by exception, puts torch's own objects back, so that afterwards
 torch is as it was, but for the caches and patches said below). Each stand-in acts only for a
-fake (one ``_C.is_fake`` test), or for ``deepcopy`` of any tensor, and only on a thread that has
-one of them open (a thread-local list, so threads a recording starts, and every other thread, get
-torch's behaviour); otherwise it calls torch's own object, handing a tensor subclass's or
-torch-function mode's ``__torch_function__`` torch's own object as ``func``, as torch does
-(``torch.overrides.handle_torch_function``). The stand-ins:
+fake (one ``_C.is_fake`` test), or for ``deepcopy`` and unpickling of any tensor, and only on a
+thread that has one of them open (a thread-local list, so threads a recording starts, and every
+other thread, get torch's behaviour); otherwise it calls torch's own object, handing a tensor
+subclass's or torch-function mode's ``__torch_function__`` torch's own object as ``func``, as
+torch does (``torch.overrides.handle_torch_function``). The stand-ins:
 
 * ``torch.Tensor.__repr__``: ``repr``/``str``/``format`` of a fake describe it (shape, dtype,
   device, "fake") instead of reading values it does not have (``__format__`` of a fake with
@@ -37,7 +37,25 @@ torch-function mode's ``__torch_function__`` torch's own object as ``func``, as 
   on the tensor instead, one recorded operator (Note [trunc_normal_ as one operator] in
   recorder/src/trunc_normal.cpp) with the same bits (the operator's kernel is the same sequence
   of ATen calls) and torch's warning. With an explicit ``generator``, and for a real or meta
-  tensor, the sampler runs as torch wrote it.
+  tensor, the sampler runs as torch wrote it;
+* ``torch._utils._rebuild_tensor``, which ``pickle.loads`` and ``torch.load`` (also with
+  ``weights_only``; ``_rebuild_tensor_v2`` and ``_rebuild_parameter`` reach it as a module global)
+  call to put a loaded storage into a tensor: torch's makes that tensor with ``torch.empty``, a
+  factory, so a fake, which cannot hold the real storage (Note [Loading real tensors while
+  recording]).
+
+Note [Loading real tensors while recording]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The storage of an unpickled or loaded tensor is real (its bytes come from the file or the pickle,
+not from a factory), and eager gives a real tensor; so does a recording or ``fake_mode``: the
+stand-in makes the empty tensor by an op on a real tensor (``to`` with ``copy=True`` of an empty
+real tensor made at import), which computes for real as every op on real tensors alone does, and
+then runs torch's ``set_``, which the recorder sees as any write into a real tensor. The loaded
+tensor is then one of the real tensors construction makes (Note [Real tensors written while
+recording] in recorder/src/recording.cpp): registered as a buffer, copied into a fake
+(``load_state_dict``) or read by recorded ops, it holds eager's values. It acts for every call on
+a thread with a recording or fake mode open (a loaded storage is never a fake's), and calls
+torch's function elsewhere.
 
 Conjugate views of complex fakes (``.mH``, ``.H``, ``adjoint()``) need nothing here: the recorder
 refuses them by the op table's BitView column (Note [Conjugate and negative views of fakes],
@@ -123,6 +141,9 @@ _TensorBase = torch._C.TensorBase
 _DATA = _TensorBase.__dict__["data"]
 _SAMPLER = torch.nn.init._no_grad_trunc_normal_
 _SAMPLER_CODE = _SAMPLER.__code__
+_REBUILD_TENSOR = torch._utils._rebuild_tensor
+# Real: made at import, outside any recording (Note [Loading real tensors while recording]).
+_REAL_EMPTY = torch.empty(0)
 _has_torch_function_unary = torch._C._has_torch_function_unary
 _handle_torch_function = torch.overrides.handle_torch_function
 
@@ -343,6 +364,14 @@ def _stand_ins() -> List[Tuple[Any, str, Any]]:
             return tensor
         return _SAMPLER(tensor, mean, std, a, b, generator=generator)
 
+    @functools.wraps(_REBUILD_TENSOR)
+    def rebuild_tensor(storage, storage_offset, size, stride):
+        if _this_thread.open:
+            untyped = storage._untyped_storage
+            empty = _REAL_EMPTY.to(dtype=storage.dtype, device=untyped.device, copy=True)
+            return empty.set_(untyped, storage_offset, size, stride)
+        return _REBUILD_TENSOR(storage, storage_offset, size, stride)
+
     return [
         (torch.Tensor, "__repr__", __repr__),
         (torch.Tensor, "__deepcopy__", __deepcopy__),
@@ -354,6 +383,7 @@ def _stand_ins() -> List[Tuple[Any, str, Any]]:
         (torch, "tensor", from_data(tensor)),
         (torch, "as_tensor", from_data(as_tensor)),
         (torch.nn.init, "_no_grad_trunc_normal_", sampler),
+        (torch._utils, "_rebuild_tensor", rebuild_tensor),
     ]
 
 

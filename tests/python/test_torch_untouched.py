@@ -16,7 +16,10 @@ import torchdefer
 # Runs in a fresh interpreter, so that nothing imported torchdefer before the first snapshot.
 SNAPSHOT_PROGRAM = textwrap.dedent(
     """
-    import torch, torch.nn.init
+    import pickle, torch, torch.nn.init
+
+    # Before the snapshots: pickling a tensor sets copyreg's Tensor.__slotnames__.
+    pickled = pickle.dumps(torch.arange(3.0))
 
     def snapshot():
         entries = {}
@@ -29,6 +32,7 @@ SNAPSHOT_PROGRAM = textwrap.dedent(
         entries["torch.cuda._lazy_init"] = id(torch.cuda._lazy_init)
         entries["torch.tensor"] = id(torch.tensor)
         entries["torch.as_tensor"] = id(torch.as_tensor)
+        entries["torch._utils._rebuild_tensor"] = id(torch._utils._rebuild_tensor)
         return entries
 
     def cuda_error():
@@ -52,6 +56,7 @@ SNAPSHOT_PROGRAM = textwrap.dedent(
             torch.nn.init.trunc_normal_(self.linear.weight, std=0.02)
             self.on_cuda = torch.nn.Parameter(torch.empty(3, device="cuda"))
             self.listed = [repr(self.linear.weight), self.linear.weight.tolist()]
+            self.loaded = pickle.loads(pickled)
 
     model = torchdefer.deferred_init(Model)
     try:
