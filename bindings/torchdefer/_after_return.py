@@ -165,16 +165,15 @@ def _hand_out_results(result: Any) -> None:
                 item.__class__ = DeferredTensor
 
 
-def _new_tensor(func, args, kwargs):
-    made = _making_a_fake(_recording._new_tensor, func, args, kwargs)
-    _hand_out_results(made)
-    return made
+def _handing_out(maker):
+    """The handler that makes a fake with ``maker`` (a recording handler) and hands it out."""
 
+    def handler(func, args, kwargs):
+        made = _making_a_fake(maker, func, args, kwargs)
+        _hand_out_results(made)
+        return made
 
-def _new(func, args, kwargs):
-    made = _making_a_fake(_recording._new, func, args, kwargs)
-    _hand_out_results(made)
-    return made
+    return handler
 
 
 def _scalar(func, args, kwargs):
@@ -269,8 +268,8 @@ _BUILT = {handed_out: built for built, handed_out in _HANDED_OUT.items()}
 _HANDLERS = {
     torch.Tensor.__repr__: _repr,
     torch.Tensor.__format__: _format,
-    _TensorBase.new_tensor: _new_tensor,
-    _TensorBase.new: _new,
+    _TensorBase.new_tensor: _handing_out(_recording._new_tensor),
+    _TensorBase.new: _handing_out(_recording._new),
     # Torch reads these from memory, past the dispatcher, where a fake has nothing: its values are
     # read as item() reads them (Note [Reading values while recording]). The scalar conversions are
     # how torch.tensor/torch.as_tensor store each tensor of a list.

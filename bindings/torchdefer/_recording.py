@@ -213,11 +213,9 @@ def _new(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
         sizes = tuple(sizes[0])
     if all(isinstance(size, int) for size in sizes):
         return self.new_empty(tuple(sizes) if sizes else (0,), dtype=self.dtype, device=device)
-    if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)):
-        return _new_tensor_of(self, sizes[0], device=device)
     not_data = (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)
     if len(sizes) == 1 and not isinstance(sizes[0], not_data):
-        # Other data as torch takes it: any sequence (a range, an array), by Python's sequence
+        # Data as torch takes it: any sequence (a list, a range, an array), by Python's sequence
         # test; for anything else (a float), eager's own TypeError, which eager code may catch.
         if not hasattr(type(sizes[0]), "__getitem__") or isinstance(sizes[0], dict):
             raise TypeError(f"new(): data must be a sequence (got {type(sizes[0]).__name__})")

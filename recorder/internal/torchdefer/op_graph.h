@@ -105,11 +105,13 @@ struct RecordedDraws {
 // model's construction (3,541 calls for Llama-70B), and those appends were a visible share of what
 // recording adds to a FakeMode construction (docs/results.md, C++ recording cost): three heap
 // vectors per node, and vectors of nodes, values and storages that moved every element each time
-// they grew. So a graph keeps its nodes, values,
-// storages and annotations in chunks that never move (StableVector), and every node's arguments,
-// inputs and outputs in graph-owned arenas (ListArena), each node holding views into them. An
-// element, once appended, stays where it is until the graph is freed: a node's lists cost no
-// allocation of their own, and a fake's annotation can point into the graph (RecordedFake).
+// they grew. So a graph keeps its nodes, values, storages and annotations in chunks that never
+// move (StableVector), and every node's arguments, inputs and outputs in graph-owned arenas
+// (ListArena), each node holding views into them. An element, once appended, stays where it is
+// until the graph is freed: a node's lists cost no allocation of their own, and a fake's
+// annotation can point into the graph (RecordedFake). std::deque keeps references too, but
+// libstdc++'s blocks are 512 bytes, a few nodes each: an allocation every few appends, and an
+// index is a division by the elements per block.
 
 // Elements appended in chunks of 2^kChunkBits that are never reallocated: indexing is a shift and
 // a mask, and a reference stays valid while the vector lives.
