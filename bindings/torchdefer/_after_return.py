@@ -221,13 +221,8 @@ def _deep_copy(func, args, kwargs):
 def _making_a_fake(handler, func, args, kwargs):
     """``handler``, which makes a fake on the tensor's device: where CUDA is unavailable, torch's
     Python binding must not try to initialize it for a fake CUDA tensor, as while recording."""
-    if torch.cuda.is_available():
+    with _recording.cuda_marked_initialized():
         return handler(func, args, kwargs)
-    _C._set_requires_cuda_init(False)
-    try:
-        return handler(func, args, kwargs)
-    finally:
-        _C._set_requires_cuda_init(True)
 
 
 def _called_by_parameter_new(caller) -> bool:

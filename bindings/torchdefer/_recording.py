@@ -106,7 +106,9 @@ dispatcher sees the call, which fails where CUDA is unavailable, although a fake
 Torch's C++ layer skips that call for a device type it considers initialized
 (``torch::utils::set_requires_device_init``, a process-wide flag). Where CUDA is unavailable,
 CUDA is marked initialized while a recording or fake mode is open (the first to open clears the
-flag, the last to close sets it again), instead of replacing ``torch.cuda._lazy_init``. Another
+flag, the last to close sets it again; a handed-out fake's ``new_tensor`` counts as one for its
+call, so that it never sets the flag under a recording on another thread), instead of replacing
+``torch.cuda._lazy_init``. Another
 thread that asks for a real CUDA tensor during that window, on a machine without CUDA, gets the
 dispatcher's error ("Could not run ... with arguments from the 'CUDA' backend") instead of
 torch's "Torch not compiled with CUDA enabled"; its call fails either way. Where CUDA is
@@ -124,13 +126,14 @@ the fake's "no data" error. ``torchdefer.describe(t)`` describes a fake anywhere
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
 import threading
 import types
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.utils._device
@@ -447,19 +450,37 @@ class _Installed:
                 self._install()
             self._open += 1
             if skip_cuda_init:
-                if self._skipping_cuda_init == 0:
-                    _C._set_requires_cuda_init(False)
-                self._skipping_cuda_init += 1
+                self._skip_cuda_init()
 
     def exit(self, skip_cuda_init: bool) -> None:
         with self._lock:
             if skip_cuda_init:
-                self._skipping_cuda_init -= 1
-                if self._skipping_cuda_init == 0:
-                    _C._set_requires_cuda_init(True)
+                self._stop_skipping_cuda_init()
             self._open -= 1
             if self._open == 0:
                 self._uninstall()
+
+    @contextlib.contextmanager
+    def cuda_marked_initialized(self) -> Iterator[None]:
+        """CUDA marked initialized for a call that makes a fake CUDA tensor outside any recording
+        (the handed-out fakes' new_tensor), counted with the recordings that mark it."""
+        with self._lock:
+            self._skip_cuda_init()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._stop_skipping_cuda_init()
+
+    def _skip_cuda_init(self) -> None:
+        if self._skipping_cuda_init == 0:
+            _C._set_requires_cuda_init(False)
+        self._skipping_cuda_init += 1
+
+    def _stop_skipping_cuda_init(self) -> None:
+        self._skipping_cuda_init -= 1
+        if self._skipping_cuda_init == 0:
+            _C._set_requires_cuda_init(True)
 
     def after_fork_in_child(self) -> None:
         """In a child forked while installed, only the forking thread goes on: the count becomes
@@ -538,6 +559,15 @@ class FakeTensorFunctions:
 def mode() -> FakeTensorFunctions:
     """A new FakeTensorFunctions for this thread's deferred_init or fake_mode."""
     return FakeTensorFunctions(skip_cuda_init=not torch.cuda.is_available())
+
+
+def cuda_marked_initialized() -> contextlib.AbstractContextManager:
+    """CUDA marked initialized where it is unavailable, for a call that makes a fake CUDA tensor
+    outside any recording; shared with the recordings that mark it, so that neither unmarks it
+    while the other needs it."""
+    if torch.cuda.is_available():
+        return contextlib.nullcontext()
+    return _installed.cuda_marked_initialized()
 
 
 def innermost() -> Optional[FakeTensorFunctions]:

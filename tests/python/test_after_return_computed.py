@@ -7,6 +7,7 @@ _deepcopy.py, Note [The generator after deferred_init] in recorder/internal/torc
 """
 
 import copy
+import threading
 import warnings
 
 import numpy
@@ -312,3 +313,26 @@ def test_torch_tensor_of_a_list_holding_fakes_after_return_is_eagers_real_tensor
         bool(model[0].weight)  # refused by size, as in eager, before any value is read
     torchdefer.materialize_module(model)
     assert_same_model(eager, model)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is marked initialized only without it")
+def test_new_tensor_after_return_leaves_cuda_marked_for_a_recording_on_another_thread():
+    # A handed-out fake's new_tensor marks CUDA initialized for its call; it used to set the flag
+    # back at its end although another thread's recording still needed it, so that recording's
+    # fake CUDA factory then asked torch to initialize CUDA and failed.
+    returned = torchdefer.deferred_init(nn.Linear, 2, 2)
+    recording, made, seen = threading.Event(), threading.Event(), {}
+
+    def build():
+        recording.set()
+        made.wait(timeout=60)
+        seen["on_cuda"] = torch.empty(3, device="cuda")
+        return nn.Linear(2, 2)
+
+    thread = threading.Thread(target=lambda: torchdefer.deferred_init(build))
+    thread.start()
+    recording.wait(timeout=60)
+    returned.weight.new_tensor([1.0])
+    made.set()
+    thread.join()
+    assert torchdefer.is_fake(seen["on_cuda"]) and seen["on_cuda"].device.type == "cuda"
