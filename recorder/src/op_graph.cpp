@@ -9,6 +9,7 @@ namespace torchdefer {
 namespace {
 
 std::atomic<int64_t> live_nodes{0};
+std::atomic<int64_t> live_graphs{0};
 
 }  // namespace
 
@@ -16,9 +17,14 @@ OpGraph::OpGraph(std::string context, std::shared_future<uint64_t> counter_seed,
                  bool exact_generator)
     : context_(std::move(context)),
       counter_seed_(std::move(counter_seed)),
-      exact_generator_(exact_generator) {}
+      exact_generator_(exact_generator) {
+  live_graphs.fetch_add(1, std::memory_order_relaxed);
+}
 
-OpGraph::~OpGraph() { live_nodes -= static_cast<int64_t>(nodes_.size()); }
+OpGraph::~OpGraph() {
+  live_nodes -= static_cast<int64_t>(nodes_.size());
+  live_graphs.fetch_sub(1, std::memory_order_relaxed);
+}
 
 int64_t OpGraph::add_node(const c10::OperatorHandle& op,
                           c10::SmallVectorImpl<c10::IValue>& arguments,
@@ -136,5 +142,7 @@ const RecordedFake* recorded(const FakeTensorImpl& impl) {
 }
 
 int64_t detail::live_recorded_nodes() { return live_nodes.load(); }
+
+bool detail::any_recording_alive() { return live_graphs.load(std::memory_order_relaxed) != 0; }
 
 }  // namespace torchdefer

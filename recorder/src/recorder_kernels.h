@@ -18,6 +18,11 @@ void deferred_init_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet k
 // [trunc_normal_ as one operator]).
 at::Tensor& trunc_normal_kernel(at::Tensor& self, double mean, double std, double a, double b);
 
+// The fallback for kFakeKey: records the calls of ops that fall through kDeferredInitKey, then
+// runs the Fake layer (Note [Where an op is recorded]).
+void recording_fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                             torch::jit::Stack* stack);
+
 // How many meta rules loading the library registered (Note [What loading torchdefer changes]).
 int registered_meta_rules();
 

@@ -1,6 +1,7 @@
 // Recording: the boxed fallback on kDeferredInitKey that appends every operator on fakes to an
 // OpGraph, and the RecordingScope that deferred_init opens.
 #include <torchdefer/boxed_arguments.h>
+#include <torchdefer/core_kernels.h>
 #include <torchdefer/data_dependent_ops.h>
 #include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor_impl.h>
@@ -198,13 +199,13 @@ void for_each_tensor(const c10::IValue& value, const F& f) {
 
 // Note [Recording an op]
 // ~~~~~~~~~~~~~~~~~~~~~~
-// The DeferredInit fallback sees an operator before autograd and before any composite kernel
-// decomposed it, so a node is the call the model's code made (aten::linear, not aten::addmm).
-// It records the call only when the call involves fakes: a factory under a RecordingScope, or an
-// op with a fake argument, before or after deferred_init returned (every recorded fake carries
+// The recorder sees each call where it is still the call the model's code made (Note [Where an op
+// is recorded]): aten::linear, not the aten::addmm its composite kernel decomposes into. It
+// records the call only when the call involves fakes: a factory under a RecordingScope, or an op
+// with a fake argument, before or after deferred_init returned (every recorded fake carries
 // kDeferredInitKey, so `m->to(torch::kBFloat16)` or tying weights afterwards is recorded too).
-// Ops on real tensors alone are real computations and run unrecorded. The op then runs below
-// kDeferredInitKey with the key excluded, so the ops a composite kernel calls are not recorded a
+// Ops on real tensors alone are real computations and run unrecorded. The op then runs below the
+// recorder with kDeferredInitKey excluded, so the ops a composite kernel calls are not recorded a
 // second time; the Fake layer computes the outputs, and the recorder annotates each output fake
 // with its value and adds kDeferredInitKey to it. Arguments are classified before the op runs:
 // an in-place op must be recorded reading the input's old value and the real tensors' versions
@@ -214,10 +215,39 @@ void for_each_tensor(const c10::IValue& value, const F& f) {
 // Under the graph's lock the recorder then appends, in one pass, the call's writes and outputs
 // (which name the node by the index it is about to get) and the node itself, finding each fake's
 // FakeTensorImpl once; nothing between them checks or refuses, so no half-appended node remains.
+//
+// Note [Where an op is recorded]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// kDeferredInitKey sits above autograd (Note [Dispatch keys]) so that the recorder sees a
+// composite op before its CompositeImplicitAutograd kernel decomposes it. For every other op the
+// kernels between that key and kFakeKey (autograd, ADInplaceOrView, autocast, ...) pass the call
+// itself down, so at the Fake key it is the same call, and seeing it there is cheaper: a boxed
+// fallback on kDeferredInitKey boxes the arguments, unboxes them into autograd's kernel and boxes
+// them again for the Fake fallback, ~550 instructions a call, a sixth of what recording a
+// Llama-70B added to its FakeMode construction (docs/results.md). So when the library loads, every
+// op registered by then that has no CompositeImplicitAutograd kernel (and is not one the op table
+// records as its parts) falls through kDeferredInitKey, and the Fake fallback records its calls
+// before the Fake layer computes them. Composite ops, ops registered later (custom ops, Python
+// libraries) and the op table's `records_its_parts` ops keep the kDeferredInitKey fallback; a call
+// it records runs below it with the key excluded, and the Fake fallback records only calls that
+// did not pass it (the key is not excluded) and that a recording takes.
+//
+// What differs for a call recorded at the Fake key: autograd and ADInplaceOrView run before the
+// recorder and finish after it (versions of written tensors are bumped after the recorder read
+// them, as before; a view's autograd metadata is set on the annotated fake, and a detached copy
+// keeps its annotation and keys).
+
+// Where a Recorder sees its call (Note [Where an op is recorded]).
+enum class Position {
+  kAboveAutograd,  // the kDeferredInitKey fallback: ops that decompose above autograd
+  kAtFakeKey,      // the kFakeKey fallback, before the Fake layer: every other op
+};
+
 class Recorder {
  public:
-  Recorder(const c10::OperatorHandle& op, torch::jit::Stack* stack)
-      : op_(op),
+  Recorder(const c10::OperatorHandle& op, torch::jit::Stack* stack, Position position)
+      : position_(position),
+        op_(op),
         schema_(op.schema()),
         facts_(facts_of(op)),
         stack_(*stack),
@@ -243,7 +273,7 @@ class Recorder {
       run_real(keys);
       return;
     }
-    if (facts_.records_its_parts) {
+    if (facts_.records_its_parts && position_ == Position::kAboveAutograd) {
       // Note [Composite ops that read values inside]: the kernel's calls pass this key again.
       op_.redispatchBoxed(
           keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
@@ -528,6 +558,15 @@ class Recorder {
       detail::settle_generator_exactly();
     }
     RealOnlyGuard real_only;
+    run_below(keys);
+  }
+
+  // Runs the call as if the recorder were not there: the kernels below its position.
+  void run_below(c10::DispatchKeySet keys) {
+    if (position_ == Position::kAtFakeKey) {
+      detail::fake_fallback(op_, keys, &stack_);
+      return;
+    }
     op_.redispatchBoxed(
         keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
   }
@@ -535,8 +574,7 @@ class Recorder {
   void redispatch(c10::DispatchKeySet keys) {
     c10::impl::ExcludeDispatchKeyGuard no_recording(kDeferredInitKey);
     try {
-      op_.redispatchBoxed(
-          keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
+      run_below(keys);
     } catch (c10::Error& e) {
       if (graph_ != nullptr) {
         e.add_context("torchdefer: while recording " + c10::toString(schema_.operator_name()) +
@@ -634,6 +672,7 @@ class Recorder {
                           [](const at::Tensor* t) { return t != nullptr; });
   }
 
+  const Position position_;
   const c10::OperatorHandle& op_;
   const c10::FunctionSchema& schema_;
   const OperatorFacts& facts_;
@@ -653,6 +692,39 @@ class Recorder {
   bool has_tensor_ = false;
   size_t tensors_ = 0;  // tensor arguments, undefined ones included (map_tensors order)
 };
+
+// Whether a tensor argument of the call on `stack` is a recorded fake (they carry the key).
+bool carries_deferred_init_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto carries = [](const c10::IValue& value) {
+    return value.isTensor() && value.toTensor().key_set().has(kDeferredInitKey);
+  };
+  for (size_t i = stack.size() - op.schema().arguments().size(); i < stack.size(); ++i) {
+    const c10::IValue& argument = stack[i];
+    if (carries(argument)) {
+      return true;
+    }
+    if (argument.isList()) {
+      for (const c10::IValue& element : argument.toListRef()) {
+        if (carries(element)) {
+          return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+// Note [Where an op is recorded]: whether a call reaching the Fake key is the recorder's there: a
+// call that did not pass kDeferredInitKey (its op falls through that key) and that a recording
+// takes, a factory while one is open on this thread or an op on a recorded fake.
+bool recorded_at_fake_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  // Cheapest first: under a plain FakeMode every call asks this.
+  if (!detail::any_recording_alive() ||
+      (tls_graph == nullptr && !carries_deferred_init_key(op, stack))) {
+    return false;
+  }
+  return !c10::impl::tls_is_dispatch_key_excluded(kDeferredInitKey);
+}
 
 }  // namespace
 
@@ -687,7 +759,16 @@ namespace detail {
 
 void deferred_init_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                             torch::jit::Stack* stack) {
-  Recorder(op, stack).run(keys);
+  Recorder(op, stack, Position::kAboveAutograd).run(keys);
+}
+
+void recording_fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                             torch::jit::Stack* stack) {
+  if (!recorded_at_fake_key(op, *stack)) {
+    fake_fallback(op, keys, stack);
+    return;
+  }
+  Recorder(op, stack, Position::kAtFakeKey).run(keys);
 }
 
 void install_value_reader(const ValueReader& reader) {

@@ -8,8 +8,10 @@
 #include <c10/core/DispatchKey.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "recorder_kernels.h"
 
@@ -24,7 +26,10 @@ namespace {
 //  1. A boxed fallback for kFakeKey (Note [The Fake fallback]). Only fake tensors carry that key,
 //     and only torchdefer makes them.
 //  2. A boxed fallback for kDeferredInitKey (Note [Recording an op]). Only deferred_init puts the
-//     key in TLS, and only recorded fakes carry it.
+//     key in TLS, and only recorded fakes carry it. Every op registered by then that has no
+//     CompositeImplicitAutograd kernel falls through that key instead, and its calls are recorded
+//     by the kFakeKey fallback (Note [Where an op is recorded]); both only for calls whose key set
+//     has one of the two keys.
 //  3. A Meta kernel for each op with a meta rule in the op table (Note [Meta rules]), registered
 //     only if the op has no Meta kernel when the library loads. So a meta tensor computes with
 //     torch's own Meta kernel wherever torch has one, and only ops that would raise "not
@@ -75,6 +80,32 @@ int register_meta_rules(torch::Library& library) {
   return registered;
 }
 
+// Note [Where an op is recorded]: an op whose kernels below kDeferredInitKey all pass the same
+// call down to the Fake key, which is any op without a CompositeImplicitAutograd kernel (that
+// kernel would decompose it above the Fake key) and not one the op table records as its parts.
+bool recorded_at_fake_key(const c10::OperatorHandle& op) {
+  if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+    return false;
+  }
+  const OpInfo* info = find_op_info(op.schema().operator_name());
+  return info == nullptr || !info->records_its_parts;
+}
+
+std::vector<c10::RegistrationHandleRAII> fall_through_deferred_init_key() {
+  std::vector<c10::RegistrationHandleRAII> handles;
+  c10::Dispatcher& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    const std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
+    if (!op || !op->hasSchema() || !recorded_at_fake_key(*op)) {
+      continue;
+    }
+    handles.push_back(dispatcher.registerImpl(name, kDeferredInitKey,
+                                              c10::KernelFunction::makeFallthrough(), std::nullopt,
+                                              nullptr, "torchdefer: recorded at the Fake key"));
+  }
+  return handles;
+}
+
 // Namespace-scope Libraries rather than TORCH_LIBRARY_IMPL, so that the keys come from
 // torch_compat.h (Note [Dispatch keys]) instead of being spelled here.
 struct Registrations {
@@ -82,15 +113,17 @@ struct Registrations {
       : fake(torch::Library::IMPL, "_", kFakeKey, __FILE__, __LINE__),
         deferred_init(torch::Library::IMPL, "_", kDeferredInitKey, __FILE__, __LINE__),
         meta(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__) {
-    fake.fallback(torch::CppFunction::makeFromBoxedFunction<&fake_fallback>());
+    fake.fallback(torch::CppFunction::makeFromBoxedFunction<&recording_fake_fallback>());
     deferred_init.fallback(torch::CppFunction::makeFromBoxedFunction<&deferred_init_fallback>());
     meta_rules = register_meta_rules(meta);
+    fall_throughs = fall_through_deferred_init_key();
   }
 
   torch::Library fake;
   torch::Library deferred_init;
   torch::Library meta;
   int meta_rules = 0;
+  std::vector<c10::RegistrationHandleRAII> fall_throughs;
 };
 
 const Registrations registrations;

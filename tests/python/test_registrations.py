@@ -1,5 +1,6 @@
-"""Loading torchdefer adds dispatcher kernels only where torch has none, and no device guard
-(Note [What loading torchdefer changes])."""
+"""Loading torchdefer adds dispatcher kernels only where torch has none, a DeferredInit
+fallthrough to ops without a composite kernel, and no device guard (Note [What loading torchdefer
+changes], Note [Where an op is recorded])."""
 
 import json
 import subprocess
@@ -10,14 +11,20 @@ _PROBE = textwrap.dedent(
     """
     import json, torch
 
+    FALLTHROUGH = "DeferredInit: torchdefer: recorded at the Fake key"
+
     def registrations():
-        return {
-            name: {
+        result = {}
+        for name in torch._C._dispatch_get_all_op_names():
+            dump = torch._C._dispatch_dump(name).splitlines()
+            result[name] = {
                 "meta": torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta"),
-                "dump": torch._C._dispatch_dump(name),
+                "composite": torch._C._dispatch_has_kernel_for_dispatch_key(
+                    name, "CompositeImplicitAutograd"),
+                "falls_through": any(line.startswith(FALLTHROUGH) for line in dump),
+                "dump": [line for line in dump if not line.startswith(FALLTHROUGH)],
             }
-            for name in torch._C._dispatch_get_all_op_names()
-        }
+        return result
 
     def guarded_device_types():
         # A stream asks the device type's guard; without one, torch says it is "not linked with
@@ -41,6 +48,12 @@ _PROBE = textwrap.dedent(
     }
     print(json.dumps({
         "changed": changed,
+        "fall_through": {
+            name: after[name]["composite"] for name in after if after[name]["falls_through"]
+        },
+        "composite_kept": sorted(
+            name for name in after if after[name]["composite"] and name.startswith("aten::")
+        ),
         "new_ops": sorted(set(after) - set(before)),
         "missing_ops": sorted(set(before) - set(after)),
         "guards_before": guards_before,
@@ -68,3 +81,13 @@ def test_import_changes_torch_ops_only_by_meta_kernels_where_none_existed_and_ad
     assert result["missing_ops"] == []
     assert [name for name in result["new_ops"] if not name.startswith("torchdefer::")] == []
     assert result["guards_after"] == result["guards_before"]
+
+
+def test_import_records_every_op_without_a_composite_kernel_at_the_fake_key():
+    result = _probe()
+    falls_through = result["fall_through"]
+    assert "aten::uniform_" in falls_through and "aten::empty.memory_format" in falls_through
+    assert [name for name, composite in falls_through.items() if composite] == []
+    assert "aten::linear" in result["composite_kept"]
+    assert not set(result["composite_kept"]) & set(falls_through)
+    assert not [name for name in falls_through if name.startswith("torchdefer::")]

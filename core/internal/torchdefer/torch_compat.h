@@ -18,8 +18,9 @@ namespace torchdefer {
 //    exactly as on real tensors, and only the computation itself is replaced by its meta-device
 //    shadow (see Note [Fake tensors are meta shadows with a device]).
 //  * kDeferredInitKey sits *above* autograd (LibTorch's `DeferredInit`, reserved for deferred
-//    module initialization). The recorder uses it to see each operator before any composite
-//    decomposition.
+//    module initialization). The recorder uses it to see a composite operator before its
+//    decomposition; every other op it records at kFakeKey, where the call is the same and seeing
+//    it costs less (Note [Where an op is recorded], recorder/src/recording.cpp).
 //
 // Both keys exist in every LibTorch 2.x the project supports; CMake checks that at configure time
 // (cmake/TorchdeferDispatchKeys.cmake), so a LibTorch that dropped one fails the build with a

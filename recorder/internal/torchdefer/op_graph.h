@@ -315,6 +315,9 @@ const RecordedFake* recorded(const FakeTensorImpl& impl);
 namespace detail {
 // How many recorded nodes are alive in this process (for tests of the graph's lifetime).
 int64_t live_recorded_nodes();
+// Whether any graph is alive in this process: while none is, no fake is a recorded one and no
+// recording is open, so a call on fakes has nothing to record (a plain FakeMode's calls ask it).
+bool any_recording_alive();
 }  // namespace detail
 
 }  // namespace torchdefer
