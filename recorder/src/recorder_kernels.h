@@ -9,8 +9,8 @@
 
 namespace torchdefer::detail {
 
-// The fallback for kDeferredInitKey: records every op on recorded fakes, and every factory while
-// deferred_init runs (Note [Recording an op]).
+// The fallback for kDeferredInitKey: records the calls of composite ops on recorded fakes, and of
+// composite factories while deferred_init runs (Note [Recording an op]).
 void deferred_init_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                             torch::jit::Stack* stack);
 

@@ -1,5 +1,6 @@
-// Recording: the boxed fallback on kDeferredInitKey that appends every operator on fakes to an
-// OpGraph, and the RecordingScope that deferred_init opens.
+// Recording: the boxed fallbacks that append every operator on fakes to an OpGraph (composite ops
+// at kDeferredInitKey, every other op at kFakeKey), and the RecordingScope that deferred_init
+// opens.
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/core_kernels.h>
 #include <torchdefer/data_dependent_ops.h>
@@ -49,6 +50,20 @@ struct OpenRecording {
 
 // The RecordingScopes open on this thread, innermost last.
 thread_local std::vector<OpenRecording> tls_open_recordings;
+
+// Set while a call the recorder took runs below it (Note [Where an op is recorded]).
+thread_local bool tls_below_recorded_call = false;
+
+class BelowRecordedCall {
+ public:
+  BelowRecordedCall() : saved_(tls_below_recorded_call) { tls_below_recorded_call = true; }
+  ~BelowRecordedCall() { tls_below_recorded_call = saved_; }
+  BelowRecordedCall(const BelowRecordedCall&) = delete;
+  BelowRecordedCall& operator=(const BelowRecordedCall&) = delete;
+
+ private:
+  bool saved_;
+};
 
 // Note [Who reads values]
 // ~~~~~~~~~~~~~~~~~~~~~~~
@@ -104,8 +119,10 @@ bool is_borrowed_memory(const at::Tensor& t) {
 // alias annotations and from the op table; asking them anew costs a scan of the tags and string
 // hashing per call, several times per call, which was a visible share of recording a model of
 // thousands of ops. So they are computed once per operator and thread, keyed by the schema's
-// address (it lives as long as the operator's registration) and checked against its name, so that
-// an operator registered again at the same address is asked anew.
+// address, which lives as long as the operator's registration. An operator deregistered and
+// registered again may get the same address, so a dispatcher listener counts deregistrations and
+// an entry made before the latest one is asked anew; comparing the operator's names on every call
+// instead cost a quarter of the lookup.
 struct OperatorFacts {
   std::string name;
   std::string overload_name;
@@ -138,16 +155,34 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
   return facts;
 }
 
-const OperatorFacts& facts_of(const c10::OperatorHandle& op) {
-  // By pointer, so that an entry stays where it is while ops run under a recorder that holds it.
-  thread_local ska::flat_hash_map<const c10::FunctionSchema*, std::unique_ptr<OperatorFacts>> known;
-  const c10::FunctionSchema& schema = op.schema();
-  std::unique_ptr<OperatorFacts>& facts = known[&schema];
-  if (facts == nullptr || facts->name != schema.name() ||
-      facts->overload_name != schema.overload_name()) {
-    facts = std::make_unique<OperatorFacts>(facts_of_schema(op));
+std::atomic<uint64_t> deregistrations{0};
+
+class DeregistrationCounter final : public c10::OpRegistrationListener {
+ public:
+  void onOperatorRegistered(const c10::OperatorHandle&) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle&) override {
+    deregistrations.fetch_add(1, std::memory_order_relaxed);
   }
-  return *facts;
+};
+
+struct KnownOperator {
+  uint64_t deregistrations = 0;  // the count when `facts` were asked
+  std::unique_ptr<OperatorFacts> facts;
+};
+
+const OperatorFacts& facts_of(const c10::OperatorHandle& op) {
+  static const c10::RegistrationHandleRAII counting =
+      c10::Dispatcher::singleton().addRegistrationListener(
+          std::make_unique<DeregistrationCounter>());
+  // By pointer, so that an entry stays where it is while ops run under a recorder that holds it.
+  thread_local ska::flat_hash_map<const c10::FunctionSchema*, KnownOperator> known;
+  KnownOperator& entry = known[&op.schema()];
+  const uint64_t now = deregistrations.load(std::memory_order_relaxed);
+  if (entry.facts == nullptr || entry.deregistrations != now) {
+    entry.facts = std::make_unique<OperatorFacts>(facts_of_schema(op));
+    entry.deregistrations = now;
+  }
+  return *entry.facts;
 }
 
 // Calls `f` on every tensor map_tensors() visits in `value`, in the same order, without building
@@ -161,9 +196,10 @@ void for_each_tensor(const c10::IValue& value, const F& f) {
   if (!value.isList()) {
     return;
   }
-  const bool tensors = value.isTensorList();
+  // A Tensor[] holds only tensors (an undefined one too is tagged a tensor), so asking each
+  // element visits what map_tensors() visits, without isTensorList(), a call.
   for (const c10::IValue& element : value.toListRef()) {
-    if (tensors || element.isTensor()) {
+    if (element.isTensor()) {
       f(element.toTensor());
     }
   }
@@ -228,14 +264,32 @@ void for_each_tensor(const c10::IValue& value, const F& f) {
 // op registered by then that has no CompositeImplicitAutograd kernel (and is not one the op table
 // records as its parts) falls through kDeferredInitKey, and the Fake fallback records its calls
 // before the Fake layer computes them. Composite ops, ops registered later (custom ops, Python
-// libraries) and the op table's `records_its_parts` ops keep the kDeferredInitKey fallback; a call
-// it records runs below it with the key excluded, and the Fake fallback records only calls that
-// did not pass it (the key is not excluded) and that a recording takes.
+// libraries) and the op table's `records_its_parts` ops keep the kDeferredInitKey fallback. A call
+// either fallback records runs below it with the key excluded and a thread-local mark set, and the
+// Fake fallback records only calls made outside such a call. The mark is the recorder's own: the
+// key's exclusion would not do, since torch's Python key runs a TorchDispatchMode's or a tensor
+// subclass's __torch_dispatch__ with every key above it excluded, kDeferredInitKey among them,
+// and the calls such a handler makes (the op itself, or what a mode computes instead) are the
+// calls eager runs, to be recorded as any other.
 //
 // What differs for a call recorded at the Fake key: autograd and ADInplaceOrView run before the
 // recorder and finish after it (versions of written tensors are bumped after the recorder read
 // them, as before; a view's autograd metadata is set on the annotated fake, and a detached copy
 // keeps its annotation and keys).
+
+// Note [Composite ops under autocast]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Under torch.autocast, autocast's kernels (below kDeferredInitKey) cast the inputs of the ops
+// they know and run them in the cast dtype. A composite op recorded above them would replay, with
+// no autocast around the replay, in the dtype of its inputs: aten::linear produced Float where
+// the recording saw BFloat16 and was refused at materialization, and F.bilinear, whose own
+// kernel autocast does not know but whose parts it casts, replayed silently different values.
+// So while autocast is enabled on this thread, a composite call is not recorded itself: it runs
+// down with the key left in place, and the calls below it (autocast's casts, the op run in the
+// cast dtype, or its decomposition) are recorded, each as eager ran it. Ops without a composite
+// kernel are recorded at the Fake key, below autocast, already (Note [Where an op is recorded]);
+// what their kernels dispatch below is autocast's too, which replay repeats (Note [Ambient state
+// is part of the recording]).
 
 // Where a Recorder sees its call (Note [Where an op is recorded]).
 enum class Position {
@@ -273,8 +327,9 @@ class Recorder {
       run_real(keys);
       return;
     }
-    if (facts_.records_its_parts && position_ == Position::kAboveAutograd) {
-      // Note [Composite ops that read values inside]: the kernel's calls pass this key again.
+    if (position_ == Position::kAboveAutograd && (facts_.records_its_parts || autocast_on_now())) {
+      // Note [Composite ops that read values inside], Note [Composite ops under autocast]: the
+      // kernel's calls pass this key again.
       op_.redispatchBoxed(
           keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
       return;
@@ -320,7 +375,8 @@ class Recorder {
           return;
         }
         has_tensor_ = true;
-        if (!is_fake(t)) {
+        const FakeTensorImpl* impl = fake_impl(t);
+        if (impl == nullptr) {
           if (written) {
             written_real_.push_back(t);
           }
@@ -331,7 +387,7 @@ class Recorder {
           written_.push_back(t);
         }
         if (graph_ == nullptr) {
-          if (const RecordedFake* rec = recorded(t)) {
+          if (const RecordedFake* rec = recorded(*impl)) {
             // Held: the call may pop the only reference to this fake before record().
             graph_owner_ = rec->shared_graph();
             graph_ = rec->graph;
@@ -462,8 +518,8 @@ class Recorder {
     if (!t.defined()) {
       return input;
     }
-    if (is_fake(t)) {
-      const RecordedFake* rec = recorded(t);
+    if (const FakeTensorImpl* impl = fake_impl(t)) {
+      const RecordedFake* rec = recorded(*impl);
       if (rec != nullptr && rec->graph == graph_) {
         input.kind = RecordedInput::Kind::kValue;
         input.value = rec->value;
@@ -490,7 +546,7 @@ class Recorder {
   // pops it (the kernels below read list arguments). A list held elsewhere too (a TorchScript
   // list variable) is copied, as before: its owner may change it after the call.
   static bool is_private_list_of_no_tensors(const c10::IValue& argument) {
-    if (!argument.isList() || argument.use_count() != 1 || argument.isTensorList()) {
+    if (!argument.isList() || argument.use_count() != 1) {
       return false;
     }
     const c10::ArrayRef<c10::IValue> elements = argument.toListRef();
@@ -518,8 +574,8 @@ class Recorder {
         described_arguments_.emplace_back(at::Tensor());
         continue;
       }
-      if (is_private_list_of_no_tensors(argument)) {
-        described_arguments_.push_back(argument);
+      if (!argument.isList() || is_private_list_of_no_tensors(argument)) {
+        described_arguments_.push_back(argument);  // holds no tensor
         continue;
       }
       described_arguments_.push_back(map_tensors(argument, [&](const at::Tensor& t) {
@@ -573,6 +629,7 @@ class Recorder {
 
   void redispatch(c10::DispatchKeySet keys) {
     c10::impl::ExcludeDispatchKeyGuard no_recording(kDeferredInitKey);
+    BelowRecordedCall below;
     try {
       run_below(keys);
     } catch (c10::Error& e) {
@@ -605,7 +662,7 @@ class Recorder {
     bool produces_fakes = false;
     for (size_t i = first_return; i < stack_.size(); ++i) {
       for_each_tensor(stack_[i], [&](const at::Tensor& t) {
-        const bool fake = is_fake(t);
+        const bool fake = fake_impl(t) != nullptr;
         produces_fakes = produces_fakes || fake;
         fake_outputs.push_back(fake ? &t : nullptr);
       });
@@ -638,7 +695,12 @@ class Recorder {
         continue;
       }
       FakeTensorImpl* impl = fake_impl(*t);
-      const int64_t value = graph_->add_output(index, *impl, *t, value_in_graph(*impl));
+      const int64_t known = value_in_graph(*impl);
+      if (known >= 0 && still_views(*graph_, known, *impl, *t)) {
+        outputs.push_back(known);  // Note [An output that is its input's value]
+        continue;
+      }
+      const int64_t value = graph_->add_output(index, *impl, *t, known);
       // Note [Annotations live in the graph]
       impl->set_annotation(
           std::shared_ptr<const FakeAnnotation>(owner, &graph_->annotation(value)));
@@ -665,6 +727,38 @@ class Recorder {
         reads[inputs[i].tensor.storage().unsafeGetStorageImpl()].push_back({index, i});
       }
     }
+  }
+
+  // Note [An output that is its input's value]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // An in-place op returns the fake it wrote, seen as before: the same storage through the same
+  // geometry. A value is a view of a storage, not a version of it (Note [The op graph]): replay
+  // reads a storage as the nodes recorded before the reader left it. So an output fake that this
+  // graph recorded before and that still views its value's storage exactly as that value does
+  // keeps the value, with no new value or annotation: the common case of initialization, where
+  // every weight is written four or five times in place. An op that changed the fake's geometry
+  // (t_, resize_, as_strided_, set_) makes a new value, as every other output.
+  static bool still_views(const OpGraph& graph, int64_t known, const FakeTensorImpl& impl,
+                          const at::Tensor& fake) {
+    const RecordedValue& value = graph.values()[known];
+    return graph.storages()[value.storage].identity.unsafeGetStorageImpl() ==
+               impl.storage_identity() &&
+           fake.storage_offset() == value.storage_offset && fake.scalar_type() == value.dtype &&
+           fake.device() == value.device && same(fake.sizes(), value.sizes) &&
+           same(fake.strides(), value.strides);
+  }
+
+  // IntArrayRef's == calls memcmp, a visible cost for the two or three sizes most tensors have.
+  static bool same(c10::IntArrayRef a, c10::ArrayRef<int64_t> b) {
+    if (a.size() != b.size()) {
+      return false;
+    }
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i] != b[i]) {
+        return false;
+      }
+    }
+    return true;
   }
 
   static const at::Tensor& first_fake(c10::ArrayRef<const at::Tensor*> tensors) {
@@ -715,15 +809,15 @@ bool carries_deferred_init_key(const c10::OperatorHandle& op, const torch::jit::
 }
 
 // Note [Where an op is recorded]: whether a call reaching the Fake key is the recorder's there: a
-// call that did not pass kDeferredInitKey (its op falls through that key) and that a recording
-// takes, a factory while one is open on this thread or an op on a recorded fake.
+// call that no recorded call runs below (a call kDeferredInitKey's fallback took, or one taken
+// here) and that a recording takes, a factory while one is open on this thread or an op on a
+// recorded fake.
 bool recorded_at_fake_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   // Cheapest first: under a plain FakeMode every call asks this.
-  if (!detail::any_recording_alive() ||
-      (tls_graph == nullptr && !carries_deferred_init_key(op, stack))) {
+  if (!detail::any_recording_alive() || tls_below_recorded_call) {
     return false;
   }
-  return !c10::impl::tls_is_dispatch_key_excluded(kDeferredInitKey);
+  return tls_graph != nullptr || carries_deferred_init_key(op, stack);
 }
 
 }  // namespace

@@ -24,6 +24,9 @@ c10::IValue map_tensors(const c10::IValue& value, const F& f) {
   if (value.isTensor()) {
     return f(value.toTensor());
   }
+  if (!value.isList()) {
+    return value;  // asked first: isTensorList() is a call, and most arguments are scalars
+  }
   if (value.isTensorList()) {
     const c10::List<at::Tensor> list = value.toTensorList();
     c10::List<at::Tensor> mapped;
@@ -33,17 +36,14 @@ c10::IValue map_tensors(const c10::IValue& value, const F& f) {
     }
     return mapped;
   }
-  if (value.isList()) {
-    const c10::List<c10::IValue> list = value.toList();
-    c10::impl::GenericList mapped(list.elementType());
-    mapped.reserve(list.size());
-    for (size_t i = 0; i < list.size(); ++i) {
-      const c10::IValue& element = list.get(i);
-      mapped.push_back(element.isTensor() ? c10::IValue(f(element.toTensor())) : element);
-    }
-    return mapped;
+  const c10::List<c10::IValue> list = value.toList();
+  c10::impl::GenericList mapped(list.elementType());
+  mapped.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const c10::IValue& element = list.get(i);
+    mapped.push_back(element.isTensor() ? c10::IValue(f(element.toTensor())) : element);
   }
-  return value;
+  return mapped;
 }
 
 // True if the operator writes this argument in place (`Tensor(a!)`): from the schema's alias

@@ -3,8 +3,13 @@
 #pragma once
 
 #include <c10/core/DefaultDtype.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/DispatchKeySet.h>
 #include <c10/core/ScalarType.h>
 #include <c10/core/ScalarTypeToTypeMeta.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <array>
 
 namespace torchdefer {
 
@@ -30,27 +35,73 @@ namespace torchdefer {
 //    above the fakes while recording (Note [Dispatch keys]), so each fake already has what eager
 //    would have given its tensor, and materialization keeps the TensorImpl's autograd metadata;
 //    replay itself runs without grad.
+//  * Autocast (torch.autocast): the recorder sees most calls below autocast's kernels, with their
+//    inputs already cast (Note [Composite ops under autocast] in recording.cpp), but a kernel
+//    below may dispatch further ops that autocast casts in eager: _trilinear, which F.bilinear
+//    calls, runs its products through bmm, in bfloat16 under CPU autocast. So a node recorded
+//    while autocast was on records for which device types and dtypes, and replays under the same.
+//    Replaying an op whose inputs autocast already cast under autocast again casts nothing more.
+//    Autocast on for more than two device types at once is refused while recording.
+
+// One device type autocast was on for, and the dtype it cast to.
+struct AutocastOn {
+  c10::DeviceType device_type = c10::DeviceType::CPU;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;  // Undefined: this slot is unused
+
+  bool operator==(const AutocastOn& other) const {
+    return device_type == other.device_type && dtype == other.dtype;
+  }
+};
+
+// Whether autocast is on for any device type on this thread. Autocast's keys come with the
+// tensors, and TLS excludes them unless autocast is on.
+inline bool autocast_on_now() {
+  return !(c10::autocast_dispatch_keyset - c10::impl::tls_local_dispatch_key_set().excluded_)
+              .empty();
+}
+
 struct AmbientState {
   c10::ScalarType default_dtype = c10::ScalarType::Float;
+  std::array<AutocastOn, 2> autocast{};
 
   // The state now, on this thread.
   static AmbientState current() {
-    return AmbientState{c10::typeMetaToScalarType(c10::get_default_dtype())};
+    AmbientState state{c10::typeMetaToScalarType(c10::get_default_dtype())};
+    if (autocast_on_now()) {
+      state.autocast = current_autocast();
+    }
+    return state;
   }
+
+  bool same_autocast(const AmbientState& other) const { return autocast == other.autocast; }
+
+ private:
+  static std::array<AutocastOn, 2> current_autocast();
 };
+
+// Turns autocast on for exactly the device types `autocast` lists, with their dtypes.
+void set_autocast(const std::array<AutocastOn, 2>& autocast);
 
 // Runs a recorded op under the ambient state it was recorded with, and restores the state after.
 class AmbientStateGuard {
  public:
   explicit AmbientStateGuard(const AmbientState& recorded)
-      : saved_(AmbientState::current()), changed_(recorded.default_dtype != saved_.default_dtype) {
-    if (changed_) {
+      : saved_(AmbientState::current()),
+        dtype_changed_(recorded.default_dtype != saved_.default_dtype),
+        autocast_changed_(!recorded.same_autocast(saved_)) {
+    if (dtype_changed_) {
       c10::set_default_dtype(c10::scalarTypeToTypeMeta(recorded.default_dtype));
+    }
+    if (autocast_changed_) {
+      set_autocast(recorded.autocast);
     }
   }
   ~AmbientStateGuard() {
-    if (changed_) {
+    if (dtype_changed_) {
       c10::set_default_dtype(c10::scalarTypeToTypeMeta(saved_.default_dtype));
+    }
+    if (autocast_changed_) {
+      set_autocast(saved_.autocast);
     }
   }
   AmbientStateGuard(const AmbientStateGuard&) = delete;
@@ -58,7 +109,8 @@ class AmbientStateGuard {
 
  private:
   AmbientState saved_;
-  bool changed_;
+  bool dtype_changed_;
+  bool autocast_changed_;
 };
 
 }  // namespace torchdefer
