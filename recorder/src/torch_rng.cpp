@@ -17,11 +17,13 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/flat_hash_map.h>
 
+#include <atomic>
 #include <cstring>
 #include <future>
 #include <memory>
 #include <mutex>
 #include <string_view>
+#include <type_traits>
 
 namespace torchdefer::detail {
 namespace {
@@ -30,24 +32,33 @@ namespace {
 struct Chain {
   std::shared_ptr<OpGraph> graph;  // holds the anchor
   int64_t anchor = -1;
-  uint64_t offset = 0;              // draws placed since the anchor
-  uint64_t unapplied = 0;           // of those, not yet applied to the generator
-  at::mt19937_data_pod expected{};  // the engine as the chain last left it, unless `after_jump`
+  uint64_t offset = 0;     // draws placed since the anchor
+  uint64_t unapplied = 0;  // of those, not yet applied to the generator
+  // The engine as the chain last left it, unless `after_jump` (Note [Noticing a moved generator]);
+  // set with the anchor.
+  at::mt19937 expected = at::mt19937(0);
   // The chain started while the worker held the generator for this jump, which leaves the
   // generator where `expected` is then (Note [A recording that starts during a jump]).
   std::shared_ptr<const JumpEnd> after_jump;
   // The anchor is lazy or continues from one (Note [Lazy RNG anchors]): the draws cannot be
   // applied until it is resolved, and the chain ends as the owed generator.
   bool lazy = false;
+  // The chain marked the freshly seeded generator (Note [A chain that starts at a seed]).
+  bool marked_seed = false;
 };
 
-thread_local Chain chain;
+// Reached through a reference taken once per call: every access to a thread_local with a
+// constructor goes through its initialization check.
+thread_local Chain this_thread_chain;
 
+// The default generator is a CPUGeneratorImpl by construction: no reference count taken, no
+// device check (every random op recorded pays this).
 template <typename F>
 auto with_default_generator(F&& f) {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  const std::lock_guard<std::mutex> lock(generator.mutex());
-  return f(generator, at::check_generator<at::CPUGeneratorImpl>(generator));
+  const at::Generator& generator = at::detail::getDefaultCPUGenerator();
+  at::CPUGeneratorImpl* impl = generator.get<at::CPUGeneratorImpl>();
+  const std::lock_guard<std::mutex> lock(impl->mutex_);
+  return f(generator, impl);
 }
 
 // Where apply_unapplied() jumps: on this thread, or, when the chain ends anyway, on the worker
@@ -58,23 +69,34 @@ enum class Apply { kNow, kInBackground };
 // over costs.
 constexpr uint64_t kShortestBackgroundJump = uint64_t{1} << 16;
 
+at::mt19937 engine_of(const at::mt19937_data_pod& data) {
+  at::mt19937 engine;
+  engine.set_data(data);
+  return engine;
+}
+
 // The engine as the chain last left it; waits for the jump the chain started after, if it has not
 // read where that leaves the generator yet.
-const at::mt19937_data_pod& expected_engine() {
+const at::mt19937& expected_engine(Chain& chain) {
   if (chain.after_jump != nullptr) {
-    chain.expected = chain.after_jump->engine();
+    chain.expected = engine_of(chain.after_jump->engine());
     chain.after_jump.reset();
   }
   return chain.expected;
 }
 
+void unmark_seed(Chain& chain);
+
 // Applies the chain's unapplied draws, unless someone moved the generator in the meantime (a
 // reseed makes them moot, as it would have in eager). In the background, the chain's `expected`
 // is not known afterwards: only for a chain that ends.
 void apply_unapplied(Apply how = Apply::kNow) {
+  Chain& chain = this_thread_chain;
   if (chain.unapplied == 0) {
+    unmark_seed(chain);
     return;
   }
+  chain.marked_seed = false;  // the draws replace the mark
   if (how == Apply::kInBackground && chain.after_jump != nullptr) {
     // Queued after the jump the chain started from, whatever its length: no wait for that jump.
     jump_default_generator_in_background(chain.after_jump, chain.unapplied);
@@ -82,31 +104,67 @@ void apply_unapplied(Apply how = Apply::kNow) {
     return;
   }
   if (how == Apply::kInBackground && chain.unapplied >= kShortestBackgroundJump) {
-    jump_default_generator_in_background(chain.expected, chain.unapplied);
+    jump_default_generator_in_background(chain.expected.data(), chain.unapplied);
     chain.unapplied = 0;
     return;
   }
-  const at::mt19937_data_pod& expected = expected_engine();
-  with_default_generator([&](at::Generator&, at::CPUGeneratorImpl* impl) {
+  const at::mt19937_data_pod expected = expected_engine(chain).data();
+  with_default_generator([&](const at::Generator&, at::CPUGeneratorImpl* impl) {
     at::mt19937 engine = impl->engine();
     if (same_engine(engine.data(), expected)) {
       mt19937_discard(engine, chain.unapplied);
       impl->set_engine(engine);
     }
-    chain.expected = impl->engine().data();
+    chain.expected = impl->engine();
   });
   chain.unapplied = 0;
 }
 
 void settle_chain(Apply how);
 
-bool generator_moved() {
+// Note [Noticing a moved generator]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Before every random op it places, the chain asks whether anyone moved the default generator since
+// it last left it (Note [Torch-mode draw offsets]): C++ code between two random ops that reseeds it
+// (torch::manual_seed), sets its state or engine, or draws from it directly; Python's reseeds and
+// state reads settle the chain themselves (bindings/torchdefer/_generator_state.py), and an
+// unrecorded random op settles it before it draws. The answer must be exact: a move the check
+// misses places every later random op of the recording from the wrong state, silently.
+//
+// Only the whole engine answers exactly. Its seed, position (left_, next_) and a few state words
+// would tell every reseed to another seed and every draw count that is not a multiple of 624; but
+// 624·k draws regenerate every word and leave the position as it was, and set_state() can set any
+// state at all, so only a comparison of all 624 words proves that nothing moved. And the few
+// fields would cost no less: LibTorch hands out the engine only by value (CPUGeneratorImpl::
+// engine(), one copy of its 2.5 KB) and its fields only through a second such copy
+// (mt19937::data()), which costs what comparing the whole engine does. So the chain keeps the
+// engine it expects as an at::mt19937 and compares the generator's copy with it bytes against
+// bytes: at::mt19937 is trivially copyable, so equal bytes are an equal engine. Bytes can differ
+// where the values do not (padding, written anew when someone sets an equal state): then the
+// fields decide, and the chain keeps the generator's bytes, so an equal state is never taken for
+// a move. Per random op of a Llama-70B construction (callgrind): the copy ~320 instructions, the
+// comparison ~360; the field-wise comparison of two data() copies it replaced cost ~1,040.
+static_assert(std::is_trivially_copyable_v<at::mt19937>);
+
+bool same_bytes(const at::mt19937& a, const at::mt19937& b) {
+  return std::memcmp(&a, &b, sizeof(at::mt19937)) == 0;
+}
+
+bool generator_moved(Chain& chain) {
   if (chain.after_jump != nullptr && chain.after_jump->held()) {
     return false;  // nobody can have moved it: the worker holds it
   }
-  const at::mt19937_data_pod& expected = expected_engine();
-  return with_default_generator([&](at::Generator&, at::CPUGeneratorImpl* impl) {
-    return !same_engine(impl->engine().data(), expected);
+  const at::mt19937& expected = expected_engine(chain);
+  return with_default_generator([&](const at::Generator&, at::CPUGeneratorImpl* impl) {
+    const at::mt19937 now = impl->engine();
+    if (same_bytes(now, expected)) {
+      return false;
+    }
+    if (!same_engine(now.data(), expected.data())) {
+      return true;
+    }
+    chain.expected = now;
+    return false;
   });
 }
 
@@ -115,7 +173,45 @@ std::shared_future<at::Tensor> state_after(const std::shared_ptr<const JumpEnd>&
   return std::async(std::launch::deferred, [jump] { return jump->state(); }).share();
 }
 
-int64_t anchor_here(OpGraph& graph) {
+// Note [A chain that starts at a seed]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A chain that starts right after torch::manual_seed(s) expects the generator at seed s's fresh
+// state while its draws are not applied, and a torch::manual_seed(s) in C++ between two of its
+// random ops leaves it exactly there: no comparison could tell that reseed, after which eager draws
+// the first op's numbers again, from an untouched generator (Note [Noticing a moved generator]).
+// So such a chain marks the generator as the owed generator is marked (Note [The owed generator's
+// mark] in rng_anchors.cpp): next_ = 1 with left_ = 1, which seeding (next_ = 0) and drawing
+// (left_ + next_ = 625) never produce, and which draws what the fresh state draws (left_ = 1 makes
+// the next draw regenerate every word and reset next_). The anchor keeps the state before the
+// mark. The chain's draws, applied, replace the mark; a chain that ends without draws to apply
+// takes it off, so the generator is left exactly as eager leaves it.
+constexpr uint32_t kSeedMark = 1;
+
+bool freshly_seeded(const at::mt19937_data_pod& engine) {
+  return engine.left_ == 1 && engine.next_ == 0;
+}
+
+void unmark_seed(Chain& chain) {
+  if (!chain.marked_seed) {
+    return;
+  }
+  chain.marked_seed = false;
+  with_default_generator([&](const at::Generator&, at::CPUGeneratorImpl* impl) {
+    const at::mt19937 now = impl->engine();
+    if (!same_engine(now.data(), chain.expected.data())) {
+      return;  // moved since: whoever moved it left it where eager does
+    }
+    at::mt19937_data_pod unmarked = now.data();
+    unmarked.next_ = 0;
+    impl->set_engine(engine_of(unmarked));
+    chain.expected = impl->engine();
+  });
+}
+
+// A known anchor at the generator's state now (or where the jump being made leaves it); `mark`:
+// the chain starts here and marks a freshly seeded generator.
+int64_t anchor_here(OpGraph& graph, bool mark = false) {
+  Chain& chain = this_thread_chain;
   if (std::shared_ptr<const JumpEnd> jump = held_jump()) {
     chain.after_jump = jump;
     const auto lock = graph.lock();
@@ -123,9 +219,17 @@ int64_t anchor_here(OpGraph& graph) {
   }
   chain.after_jump.reset();
   at::Tensor state =
-      with_default_generator([&](at::Generator& generator, at::CPUGeneratorImpl* impl) {
-        chain.expected = impl->engine().data();
-        return generator.get_state();
+      with_default_generator([&](const at::Generator& generator, at::CPUGeneratorImpl* impl) {
+        at::Tensor state = generator.get_state();
+        chain.expected = impl->engine();
+        at::mt19937_data_pod marked = chain.expected.data();
+        if (mark && freshly_seeded(marked)) {
+          marked.next_ = kSeedMark;
+          impl->set_engine(engine_of(marked));
+          chain.expected = impl->engine();
+          chain.marked_seed = true;
+        }
+        return state;
       });
   const auto lock = graph.lock();
   return graph.add_rng_anchor(RngAnchor::known(std::move(state)));
@@ -187,32 +291,79 @@ std::optional<c10::ScalarType> tensor_argument_dtype(const OpGraph& graph, const
 }
 
 // What plan_draws() reads of a random operator on every call: its op table entry and where its
-// `generator` argument is. Found once per operator and thread, keyed by the schema's address and
-// checked against its name (Note [What the recorder knows of an operator] in recording.cpp).
+// `generator` argument is (Note [Knowing a random operator]).
 struct RandomOperator {
-  std::string name;
-  std::string overload_name;
   const OpInfo* info = nullptr;
   std::optional<size_t> generator;  // the index of the `generator` argument
 };
 
-const RandomOperator& random_operator(const c10::FunctionSchema& schema) {
-  // By pointer, so that an entry stays where it is while the op it describes runs on scratch.
-  thread_local ska::flat_hash_map<const c10::FunctionSchema*, std::unique_ptr<RandomOperator>>
-      known;
-  std::unique_ptr<RandomOperator>& op = known[&schema];
-  if (op != nullptr && op->name == schema.name() && op->overload_name == schema.overload_name()) {
-    return *op;
+// Note [Knowing a random operator]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A random operator's facts are found once per operator and thread, keyed by the address of its
+// schema, which lives as long as the operator's registration. The address can describe another
+// operator only after the first was deregistered, and the dispatcher tells its registration
+// listeners of every deregistration before it removes the schema
+// (c10::Dispatcher::deregisterDef_). So a listener counts deregistrations, and a thread forgets
+// what it knows when the count moved since it learnt it: a call costs a comparison with the last
+// operator asked about (a model's random ops are mostly one uniform_) or a hash lookup, and one
+// atomic load, instead of comparing the operator's name and overload name on every call (which the
+// key alone could not replace: the address is reused). A schema redefined at the same address
+// under the same name is noticed too, which comparing names could not.
+std::atomic<uint64_t> deregistrations{0};
+
+class DeregistrationCounter final : public c10::OpRegistrationListener {
+ public:
+  void onOperatorRegistered(const c10::OperatorHandle&) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle&) override {
+    deregistrations.fetch_add(1, std::memory_order_acq_rel);
   }
-  op = std::make_unique<RandomOperator>(
-      RandomOperator{schema.name(), schema.overload_name(), find_op_info(schema.operator_name())});
+};
+
+uint64_t deregistrations_so_far() {
+  // Never removed: the dispatcher owns the listener, and removing it at exit could run after the
+  // dispatcher is gone.
+  static const c10::RegistrationHandleRAII* const listening =
+      new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
+          std::make_unique<DeregistrationCounter>()));
+  (void)listening;
+  return deregistrations.load(std::memory_order_acquire);
+}
+
+RandomOperator describe_random_operator(const c10::FunctionSchema& schema) {
+  RandomOperator op{find_op_info(schema.operator_name()), std::nullopt};
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     if (schema.arguments()[i].name() == "generator") {
-      op->generator = i;
+      op.generator = i;
       break;
     }
   }
-  return *op;
+  return op;
+}
+
+// By value: the op may run on scratch, and record random ops of its own, while its caller uses it.
+RandomOperator random_operator(const c10::FunctionSchema& schema) {
+  struct Known {
+    uint64_t deregistrations = 0;
+    ska::flat_hash_map<const c10::FunctionSchema*, RandomOperator> operators;
+    const c10::FunctionSchema* last_schema = nullptr;
+    RandomOperator last;
+  };
+  thread_local Known known;
+  const uint64_t now = deregistrations_so_far();
+  if (known.deregistrations != now) {
+    known.operators.clear();
+    known.last_schema = nullptr;
+    known.deregistrations = now;
+  }
+  if (known.last_schema != &schema) {
+    auto found = known.operators.find(&schema);
+    if (found == known.operators.end()) {
+      found = known.operators.emplace(&schema, describe_random_operator(schema)).first;
+    }
+    known.last_schema = &schema;
+    known.last = found->second;
+  }
+  return known.last;
 }
 
 DrawPlan plan_draws(const RandomOperator& op, const OpGraph& graph, const RecordedNode& node,
@@ -305,15 +456,16 @@ void run_on_scratch(const RecordedNode& node, const std::vector<at::Tensor>& ten
 // Starts the chain on `graph`: from the owed generator if there is one (Note [The generator after
 // deferred_init]), else from the generator's state now.
 void start_chain(const std::shared_ptr<OpGraph>& graph) {
+  Chain& chain = this_thread_chain;
   chain = Chain{};
   chain.graph = graph;
   std::optional<GeneratorDebt> owed = take_generator_debt();
   if (!owed) {
-    chain.anchor = anchor_here(*graph);
+    chain.anchor = anchor_here(*graph, /*mark=*/true);
     return;
   }
   chain.lazy = true;
-  chain.expected = owed->expected;
+  chain.expected = engine_of(owed->expected);
   if (owed->graph.lock() == graph) {
     chain.anchor = owed->graph_anchor;
     chain.offset = owed->offset;
@@ -325,7 +477,8 @@ void start_chain(const std::shared_ptr<OpGraph>& graph) {
 }
 
 void continue_chain(const std::shared_ptr<OpGraph>& graph) {
-  if (chain.graph == graph && chain.anchor >= 0 && !generator_moved()) {
+  Chain& chain = this_thread_chain;
+  if (chain.graph == graph && chain.anchor >= 0 && !generator_moved(chain)) {
     return;
   }
   settle_chain(Apply::kNow);
@@ -333,7 +486,7 @@ void continue_chain(const std::shared_ptr<OpGraph>& graph) {
 }
 
 // Places an op of `count` draws at the chain's end.
-void place_counted(uint64_t count, RecordedDraws& draws) {
+void place_counted(Chain& chain, uint64_t count, RecordedDraws& draws) {
   draws.kind = RecordedDraws::Kind::kPlaced;
   draws.anchor = chain.anchor;
   draws.offset = chain.offset;
@@ -345,6 +498,7 @@ void place_counted(uint64_t count, RecordedDraws& draws) {
 // A value-dependent sampler: placed on the chain, which continues from the lazy anchor after it.
 RecordedDraws place_sampler(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
                             const at::Tensor& target) {
+  Chain& chain = this_thread_chain;
   RecordedDraws draws;
   draws.kind = RecordedDraws::Kind::kAnchorOnly;
   draws.anchor = chain.anchor;
@@ -367,6 +521,7 @@ RecordedDraws place_sampler(const std::shared_ptr<OpGraph>& graph, const Recorde
 // continues from a lazy anchor is resolved and paid first (Note [Lazy RNG anchors]).
 RecordedDraws run_on_scratch_now(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
                                  const std::vector<at::Tensor>& tensors, bool with_values) {
+  Chain& chain = this_thread_chain;
   if (chain.lazy) {
     settle_generator_exactly();
   } else {
@@ -473,7 +628,8 @@ void settle_exactly_after_return(const OpGraph& graph) {
 RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
                                 const at::Tensor& target, const std::vector<at::Tensor>& tensors,
                                 bool in_recording_scope) {
-  const RandomOperator& op = random_operator(node.op.schema());
+  Chain& chain = this_thread_chain;
+  const RandomOperator op = random_operator(node.op.schema());
   const DrawPlan plan = plan_draws(op, *graph, node, target);
   if (const std::optional<size_t> argument = explicit_generator_argument(op, node)) {
     return place_on_own_generator(graph, node, *argument, plan, tensors);
@@ -481,7 +637,7 @@ RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const Rec
   RecordedDraws draws;
   if (plan.kind == DrawPlan::Kind::kKnown) {
     continue_chain(graph);
-    place_counted(plan.draws, draws);
+    place_counted(chain, plan.draws, draws);
   } else {
     continue_chain(graph);
     // A value-dependent sampler is placed lazily when it reads no fake but the tensor it fills; so
@@ -524,8 +680,10 @@ std::shared_future<uint64_t> default_generator_digest() {
     return std::async(std::launch::deferred, [jump] { return digest(jump->state()); }).share();
   }
   std::promise<uint64_t> now;
-  now.set_value(digest(with_default_generator(
-      [](at::Generator& generator, at::CPUGeneratorImpl*) { return generator.get_state(); })));
+  now.set_value(
+      digest(with_default_generator([](const at::Generator& generator, at::CPUGeneratorImpl*) {
+        return generator.get_state();
+      })));
   return now.get_future().share();
 }
 
@@ -534,6 +692,7 @@ namespace {
 // Applies the chain's draws (`how`), or leaves the generator owed when they follow a lazy anchor,
 // and forgets the chain.
 void settle_chain(Apply how) {
+  Chain& chain = this_thread_chain;
   if (chain.anchor < 0) {
     chain = Chain{};
     return;
@@ -544,7 +703,7 @@ void settle_chain(Apply how) {
       const auto lock = chain.graph->lock();
       anchor = chain.graph->rng_anchor(chain.anchor);
     }
-    set_generator_debt(GeneratorDebt{anchor, chain.offset, expected_engine(),
+    set_generator_debt(GeneratorDebt{anchor, chain.offset, expected_engine(chain).data(),
                                      chain.graph->context(), anchor->pending_samplers(),
                                      chain.graph, chain.anchor});
   } else {
