@@ -11,6 +11,7 @@
 #include <torchdefer/torch_compat.h>
 #include <torchdefer/value_reader.h>
 
+#include "deregistrations.h"
 #include "recorder_kernels.h"
 #include "torch_rng.h"
 
@@ -118,11 +119,8 @@ bool is_borrowed_memory(const at::Tensor& t) {
 // it read values, which arguments does it write. The answers come from the schema's tags and
 // alias annotations and from the op table; asking them anew costs a scan of the tags and string
 // hashing per call, several times per call, which was a visible share of recording a model of
-// thousands of ops. So they are computed once per operator and thread, keyed by the schema's
-// address, which lives as long as the operator's registration. An operator deregistered and
-// registered again may get the same address, so a dispatcher listener counts deregistrations and
-// an entry made before the latest one is asked anew; comparing the operator's names on every call
-// instead cost a quarter of the lookup.
+// thousands of ops. So they are computed once per operator and thread (Note [Operators known by
+// their schema's address], deregistrations.h).
 struct OperatorFacts {
   std::string name;
   std::string overload_name;
@@ -155,29 +153,16 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
   return facts;
 }
 
-std::atomic<uint64_t> deregistrations{0};
-
-class DeregistrationCounter final : public c10::OpRegistrationListener {
- public:
-  void onOperatorRegistered(const c10::OperatorHandle&) override {}
-  void onOperatorDeregistered(const c10::OperatorHandle&) override {
-    deregistrations.fetch_add(1, std::memory_order_relaxed);
-  }
-};
-
 struct KnownOperator {
   uint64_t deregistrations = 0;  // the count when `facts` were asked
   std::unique_ptr<OperatorFacts> facts;
 };
 
 const OperatorFacts& facts_of(const c10::OperatorHandle& op) {
-  static const c10::RegistrationHandleRAII counting =
-      c10::Dispatcher::singleton().addRegistrationListener(
-          std::make_unique<DeregistrationCounter>());
   // By pointer, so that an entry stays where it is while ops run under a recorder that holds it.
   thread_local ska::flat_hash_map<const c10::FunctionSchema*, KnownOperator> known;
   KnownOperator& entry = known[&op.schema()];
-  const uint64_t now = deregistrations.load(std::memory_order_relaxed);
+  const uint64_t now = detail::deregistrations_so_far();
   if (entry.facts == nullptr || entry.deregistrations != now) {
     entry.facts = std::make_unique<OperatorFacts>(facts_of_schema(op));
     entry.deregistrations = now;

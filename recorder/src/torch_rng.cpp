@@ -1,6 +1,7 @@
 #include "torch_rng.h"
 
 #include "background_jump.h"
+#include "deregistrations.h"
 
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/deferred_init.h>
@@ -300,35 +301,9 @@ struct RandomOperator {
 // Note [Knowing a random operator]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A random operator's facts are found once per operator and thread, keyed by the address of its
-// schema, which lives as long as the operator's registration. The address can describe another
-// operator only after the first was deregistered, and the dispatcher tells its registration
-// listeners of every deregistration before it removes the schema
-// (c10::Dispatcher::deregisterDef_). So a listener counts deregistrations, and a thread forgets
-// what it knows when the count moved since it learnt it: a call costs a comparison with the last
-// operator asked about (a model's random ops are mostly one uniform_) or a hash lookup, and one
-// atomic load, instead of comparing the operator's name and overload name on every call (which the
-// key alone could not replace: the address is reused). A schema redefined at the same address
-// under the same name is noticed too, which comparing names could not.
-std::atomic<uint64_t> deregistrations{0};
-
-class DeregistrationCounter final : public c10::OpRegistrationListener {
- public:
-  void onOperatorRegistered(const c10::OperatorHandle&) override {}
-  void onOperatorDeregistered(const c10::OperatorHandle&) override {
-    deregistrations.fetch_add(1, std::memory_order_acq_rel);
-  }
-};
-
-uint64_t deregistrations_so_far() {
-  // Never removed: the dispatcher owns the listener, and removing it at exit could run after the
-  // dispatcher is gone.
-  static const c10::RegistrationHandleRAII* const listening =
-      new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(
-          std::make_unique<DeregistrationCounter>()));
-  (void)listening;
-  return deregistrations.load(std::memory_order_acquire);
-}
-
+// schema and forgotten when an operator was deregistered since (Note [Operators known by their
+// schema's address], deregistrations.h): a call costs a comparison with the last operator asked
+// about (a model's random ops are mostly one uniform_) or a hash lookup, and one atomic load.
 RandomOperator describe_random_operator(const c10::FunctionSchema& schema) {
   RandomOperator op{find_op_info(schema.operator_name()), std::nullopt};
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
