@@ -25,6 +25,7 @@ struct Counted {
 };
 
 TEST(StableVector, KeepsEveryElementWhereItWasAppendedAndDestroysEachOnce) {
+  const int64_t live_before = Counted::live;
   {
     StableVector<Counted, 2> elements;  // chunks of 4
     std::vector<const Counted*> addresses;
@@ -32,7 +33,7 @@ TEST(StableVector, KeepsEveryElementWhereItWasAppendedAndDestroysEachOnce) {
       addresses.push_back(&elements.emplace_back(i));
     }
     EXPECT_EQ(elements.size(), 11u);
-    EXPECT_EQ(Counted::live, 11);
+    EXPECT_EQ(Counted::live - live_before, 11);
     for (int64_t i = 0; i < 11; ++i) {
       EXPECT_EQ(&elements[i], addresses[i]);
       EXPECT_EQ(elements[i].value, i);
@@ -40,10 +41,11 @@ TEST(StableVector, KeepsEveryElementWhereItWasAppendedAndDestroysEachOnce) {
     EXPECT_EQ(elements.front().value, 0);
     EXPECT_EQ(elements.back().value, 10);
   }
-  EXPECT_EQ(Counted::live, 0);
+  EXPECT_EQ(Counted::live, live_before);
 }
 
 TEST(ListArena, MovesEachRunInOnceAndKeepsEarlierRunsWhereTheyWere) {
+  const int64_t live_before = Counted::live;
   {
     ListArena<Counted> arena;
     std::vector<c10::ArrayRef<Counted>> runs;
@@ -68,9 +70,9 @@ TEST(ListArena, MovesEachRunInOnceAndKeepsEarlierRunsWhereTheyWere) {
         EXPECT_EQ(runs[r][i].value, expected[r][i]);
       }
     }
-    EXPECT_EQ(Counted::live, 0 + 3 + 700 + 400 + 5000 + 1);
+    EXPECT_EQ(Counted::live - live_before, 0 + 3 + 700 + 400 + 5000 + 1);
   }
-  EXPECT_EQ(Counted::live, 0);
+  EXPECT_EQ(Counted::live, live_before);
 }
 
 int64_t storage_of(const at::Tensor& t) {
