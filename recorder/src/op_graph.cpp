@@ -30,8 +30,8 @@ int64_t OpGraph::add_node(const c10::OperatorHandle& op,
                           c10::SmallVectorImpl<c10::IValue>& arguments,
                           c10::SmallVectorImpl<RecordedInput>& inputs,
                           c10::SmallVectorImpl<int64_t>& outputs, AmbientState ambient) {
-  nodes_.emplace_back(RecordedNode{op, arguments_.take(arguments), inputs_.take(inputs),
-                                   outputs_.take(outputs), std::nullopt, ambient});
+  nodes_.emplace_back(op, arguments_.take(arguments), inputs_.take(inputs), outputs_.take(outputs),
+                      std::nullopt, ambient);
   ++live_nodes;
   return static_cast<int64_t>(nodes_.size()) - 1;
 }
@@ -41,71 +41,74 @@ int64_t OpGraph::add_node(const c10::OperatorHandle& op,
 // Every recorded output and every write needs the index of the storage its fake views. A fake this
 // graph recorded carries its value (RecordedFake), and the value its storage: that storage is the
 // answer whenever its identity is still the fake's (set_ and its kin give a fake another storage,
-// and its annotation then names the old one). Otherwise, and for fakes new to the graph, the
-// storage identity is looked up in a table keyed by the meta StorageImpl.
-std::optional<int64_t> OpGraph::known_storage(const FakeTensorImpl& fake, int64_t known) const {
+// and its annotation then names the old one). That covers every in-place op and write on the
+// graph's own fakes.
+//
+// A fake new to the graph (a factory's output, a view) is new to it for sure when its meta
+// StorageImpl has one reference: the fake's own shadow. The graph holds every identity it recorded
+// (RecordedStorage::identity), only under its lock, so an identity it knows has two at least; and
+// an address cannot repeat while the graph lives. So a factory's output storage is appended with
+// no lookup. Any other identity (a view's, shared with its base; a foreign fake's) is looked up in
+// a table keyed by the meta StorageImpl, which indexes storages only when a lookup needs it: first
+// those appended since the last lookup.
+int64_t OpGraph::known_storage(const FakeTensorImpl& fake, int64_t known) const {
   if (known < 0) {
-    return std::nullopt;
+    return -1;
   }
   const int64_t storage = values_[known].storage;
-  if (storages_[storage].identity.unsafeGetStorageImpl() != fake.storage_identity()) {
-    return std::nullopt;
-  }
-  return storage;
+  return storages_[storage].identity.unsafeGetStorageImpl() == fake.storage_identity() ? storage
+                                                                                       : -1;
 }
 
-int64_t OpGraph::storage_of(const FakeTensorImpl& fake, int64_t node) {
-  const auto [it, inserted] =
-      storage_index_.emplace(fake.storage_identity(), static_cast<int64_t>(storages_.size()));
-  if (inserted) {
-    RecordedStorage& storage = storages_.emplace_back();
-    storage.identity = fake.meta_storage();
-    storage.creator = node;
-    storage.writers.push_back(node);
-    real_storages_.emplace_back(c10::intrusive_ptr<c10::StorageImpl>());
+int64_t OpGraph::indexed_storage(const c10::StorageImpl* identity) {
+  for (; indexed_storages_ < storages_.size(); ++indexed_storages_) {
+    storage_index_.emplace(storages_[indexed_storages_].identity.unsafeGetStorageImpl(),
+                           static_cast<int64_t>(indexed_storages_));
   }
-  return it->second;
+  const auto found = storage_index_.find(identity);
+  return found != storage_index_.end() ? found->second : -1;
+}
+
+int64_t OpGraph::append_storage(const FakeTensorImpl& fake, int64_t creator, int64_t base_value,
+                                int64_t writer) {
+  RecordedStorage& storage = storages_.emplace_back();
+  storage.identity = fake.meta_storage();
+  storage.creator = creator;
+  storage.base_value = base_value;
+  storage.writers.push_back(writer);
+  real_storages_.emplace_back(c10::intrusive_ptr<c10::StorageImpl>());
+  return static_cast<int64_t>(storages_.size()) - 1;
 }
 
 int64_t OpGraph::add_output(int64_t node, const FakeTensorImpl& impl, const at::Tensor& fake,
                             int64_t known) {
-  const int64_t storage_index = known_storage(impl, known).value_or(-1);
-  const int64_t storage = storage_index >= 0 ? storage_index : storage_of(impl, node);
-  // Filled in place: moving a value copies its inline sizes.
-  RecordedValue& value = values_.emplace_back();
-  value.storage = storage;
-  value.node = node;
-  value.sizes.assign(fake.sizes().begin(), fake.sizes().end());
-  value.strides.assign(fake.strides().begin(), fake.strides().end());
-  value.storage_offset = fake.storage_offset();
-  value.dtype = fake.scalar_type();
-  value.device = fake.device();
-  const int64_t index = static_cast<int64_t>(values_.size()) - 1;
-  annotations_.emplace_back(this, index);
-  RecordedStorage& record = storages_[storage];
-  if (record.creator == node && record.base_value < 0) {
-    record.base_value = index;
+  const int64_t index = static_cast<int64_t>(values_.size());
+  int64_t storage = known_storage(impl, known);
+  if (storage < 0 && !impl.meta().storage().unique()) {
+    storage = indexed_storage(impl.storage_identity());
   }
+  if (storage < 0) {
+    storage = append_storage(impl, node, index, node);
+  }
+  const auto [sizes, strides] = geometry_.copy(fake.sizes(), fake.strides());
+  values_.emplace_back(storage, node, sizes, strides, fake.storage_offset(), fake.scalar_type(),
+                       fake.device());
+  annotations_.emplace_back(this, index);
   return index;
 }
 
 void OpGraph::add_write(int64_t node, const FakeTensorImpl& impl, int64_t known) {
-  if (const std::optional<int64_t> storage = known_storage(impl, known)) {
-    add_writer(*storage, node);
-    return;
+  int64_t storage = known_storage(impl, known);
+  if (storage < 0) {
+    storage = indexed_storage(impl.storage_identity());
   }
-  const auto found = storage_index_.find(impl.storage_identity());
-  if (found == storage_index_.end()) {
+  if (storage < 0) {
     // A fake this graph never saw (made under a plain FakeMode, or by another deferred_init):
     // the write is remembered, with no creator, so that replay can say why it cannot proceed.
-    storage_index_.emplace(impl.storage_identity(), static_cast<int64_t>(storages_.size()));
-    RecordedStorage& storage = storages_.emplace_back();
-    storage.identity = impl.meta_storage();
-    storage.writers.push_back(node);
-    real_storages_.emplace_back(c10::intrusive_ptr<c10::StorageImpl>());
+    append_storage(impl, -1, -1, node);
     return;
   }
-  add_writer(found->second, node);
+  add_writer(storage, node);
 }
 
 void OpGraph::add_writer(int64_t storage, int64_t node) {

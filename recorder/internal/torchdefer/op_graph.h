@@ -18,8 +18,11 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace torchdefer {
@@ -59,9 +62,9 @@ struct RecordedInput {
 struct RecordedValue {
   int64_t storage = -1;
   int64_t node = -1;
-  // Inline up to 5 dimensions: recording appends a value per output, and most have a few.
-  c10::SmallVector<int64_t, 5> sizes;
-  c10::SmallVector<int64_t, 5> strides;
+  // Views into the graph's geometry arena (Note [Where the graph keeps its lists]).
+  c10::IntArrayRef sizes;
+  c10::IntArrayRef strides;
   int64_t storage_offset = 0;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   c10::Device device = c10::Device(c10::kCPU);
@@ -106,69 +109,172 @@ struct RecordedDraws {
 // recording adds to a FakeMode construction (docs/results.md, C++ recording cost): three heap
 // vectors per node, and vectors of nodes, values and storages that moved every element each time
 // they grew. So a graph keeps its nodes, values, storages and annotations in chunks that never
-// move (StableVector), and every node's arguments, inputs and outputs in graph-owned arenas
-// (ListArena), each node holding views into them. An element, once appended, stays where it is
-// until the graph is freed: a node's lists cost no allocation of their own, and a fake's
-// annotation can point into the graph (RecordedFake). std::deque keeps references too, but
-// libstdc++'s blocks are 512 bytes, a few nodes each: an allocation every few appends, and an
-// index is a division by the elements per block.
+// move (StableVector), and every node's arguments, inputs and outputs, and every value's sizes and
+// strides, in graph-owned arenas (ListArena), each node and value holding views into them. An
+// element, once appended, stays where it is until the graph is freed: a node's lists cost no
+// allocation of their own, and a fake's annotation can point into the graph (RecordedFake). Both
+// construct elements in place in raw memory, so an append is a bounds check and a placement new.
+// std::deque keeps references too, but libstdc++'s blocks are 512 bytes, a few nodes each: an
+// allocation every few appends, and an index is a division by the elements per block.
 
 // Elements appended in chunks of 2^kChunkBits that are never reallocated: indexing is a shift and
-// a mask, and a reference stays valid while the vector lives.
+// a mask, and a reference stays valid while the vector lives. An element is constructed in place in
+// raw chunk memory: appending is one placement new, with no inner vector to grow or check. Chunks
+// are cut from blocks of memory that double in size (one chunk, then two, four...): a small graph
+// allocates one chunk per list, and a large one a block only every time its size doubles, where a
+// block per chunk made every 256th append a large malloc.
 template <typename T, size_t kChunkBits = 8>
 class StableVector {
  public:
   static constexpr size_t kChunk = size_t{1} << kChunkBits;
 
+  StableVector() = default;
+  StableVector(const StableVector&) = delete;
+  StableVector& operator=(const StableVector&) = delete;
+  ~StableVector() {
+    for (size_t i = 0; i < size_; ++i) {
+      (*this)[i].~T();
+    }
+    for (size_t b = 0; b < blocks_.size(); ++b) {
+      std::allocator<T>().deallocate(blocks_[b], kChunk << b);
+    }
+  }
+
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   const T& operator[](size_t i) const { return chunks_[i >> kChunkBits][i & (kChunk - 1)]; }
   T& operator[](size_t i) { return chunks_[i >> kChunkBits][i & (kChunk - 1)]; }
-  const T& front() const { return chunks_.front().front(); }
-  const T& back() const { return chunks_.back().back(); }
-  T& back() { return chunks_.back().back(); }
+  const T& front() const { return chunks_.front()[0]; }
+  const T& back() const { return next_[-1]; }
+  T& back() { return next_[-1]; }
 
+  // Constructs the element from `args`, or aggregate-initializes it where T has no such
+  // constructor (RecordedNode); with no arguments, default-initializes it (no zeroing first).
   template <typename... Args>
   T& emplace_back(Args&&... args) {
-    if ((size_ & (kChunk - 1)) == 0) {
-      chunks_.emplace_back().reserve(kChunk);
+    if (next_ == limit_) {
+      add_chunk();
     }
+    T* const place = next_;
+    if constexpr (sizeof...(Args) == 0) {
+      new (place) T;
+    } else if constexpr (std::is_constructible_v<T, Args&&...>) {
+      new (place) T(std::forward<Args>(args)...);
+    } else {
+      new (place) T{std::forward<Args>(args)...};
+    }
+    ++next_;
     ++size_;
-    return chunks_.back().emplace_back(std::forward<Args>(args)...);
+    return *place;
   }
 
  private:
-  std::vector<std::vector<T>> chunks_;  // each reserved to kChunk, so never reallocated
+  void add_chunk() {
+    if (limit_ == block_end_) {
+      // Block b holds 2^b chunks.
+      const size_t chunks = size_t{1} << blocks_.size();
+      chunks_.reserve(chunks_.size() + chunks);
+      blocks_.reserve(blocks_.size() + 1);
+      T* const block = std::allocator<T>().allocate(kChunk * chunks);
+      blocks_.push_back(block);  // cannot throw after the reserves, nor the chunks' below
+      limit_ = block;
+      block_end_ = block + kChunk * chunks;
+    }
+    chunks_.push_back(limit_);
+    next_ = limit_;
+    limit_ += kChunk;
+  }
+
+  std::vector<T*> chunks_;
+  std::vector<T*> blocks_;
+  T* next_ = nullptr;       // where the next element goes, in the last chunk
+  T* limit_ = nullptr;      // the end of the last chunk
+  T* block_end_ = nullptr;  // the end of the last block
   size_t size_ = 0;
 };
 
-// Contiguous runs of elements (a node's arguments, inputs or outputs) in chunks that are never
-// reallocated: a run is constructed in place and stays where it is.
+// Contiguous runs of elements (a node's arguments, inputs or outputs, a value's geometry) in raw
+// chunks that are never reallocated, each at least twice the size of the one before: a run is
+// constructed in place and stays where it is.
 template <typename T>
 class ListArena {
+  static_assert(std::is_nothrow_move_constructible_v<T>, "take() moves without a rollback");
+
  public:
+  ListArena() = default;
+  ListArena(const ListArena&) = delete;
+  ListArena& operator=(const ListArena&) = delete;
+  ~ListArena() {
+    if (!chunks_.empty()) {
+      chunks_.back().end = next_;
+    }
+    for (const Chunk& chunk : chunks_) {
+      std::destroy(chunk.begin, chunk.end);
+      std::allocator<T>().deallocate(chunk.begin, chunk.capacity);
+    }
+  }
+
   // Moves `elements` into the arena and returns where they now are.
   template <typename Range>
   c10::ArrayRef<T> take(Range& elements) {
-    std::vector<T>& chunk = chunk_for(elements.size());
-    const size_t first = chunk.size();
+    T* const first = reserve(elements.size());
     for (auto& element : elements) {
-      chunk.emplace_back(std::move(element));
+      new (next_) T(std::move(element));
+      ++next_;
     }
-    return c10::ArrayRef<T>(chunk.data() + first, elements.size());
+    return c10::ArrayRef<T>(first, next_ - first);
+  }
+
+  // Copies `first` and then `second` into the arena, contiguously, and returns where each now is.
+  std::pair<c10::ArrayRef<T>, c10::ArrayRef<T>> copy(c10::ArrayRef<T> first,
+                                                     c10::ArrayRef<T> second) {
+    T* const begin = reserve(first.size() + second.size());
+    T* place = begin;
+    for (const T& element : first) {
+      new (place++) T(element);
+    }
+    for (const T& element : second) {
+      new (place++) T(element);
+    }
+    next_ = place;
+    return {c10::ArrayRef<T>(begin, first.size()),
+            c10::ArrayRef<T>(begin + first.size(), second.size())};
   }
 
  private:
-  static constexpr size_t kChunk = 1024;
+  static constexpr size_t kFirst = 1024;
 
-  std::vector<T>& chunk_for(size_t n) {
-    if (chunks_.empty() || chunks_.back().capacity() - chunks_.back().size() < n) {
-      chunks_.emplace_back().reserve(std::max(kChunk, n));
+  struct Chunk {
+    T* begin;
+    T* end;  // past its last element; next_ for the last chunk until the arena is destroyed
+    size_t capacity;
+  };
+
+  // Where `n` more elements go, contiguously.
+  T* reserve(size_t n) {
+    if (static_cast<size_t>(limit_ - next_) < n) {
+      add_chunk(n);
     }
-    return chunks_.back();
+    return next_;
   }
 
-  std::vector<std::vector<T>> chunks_;  // each within its reserved capacity, never reallocated
+  void add_chunk(size_t n) {
+    if (chunks_.size() == chunks_.capacity()) {
+      chunks_.reserve(std::max<size_t>(8, 2 * chunks_.size()));
+    }
+    const size_t capacity = std::max(n, chunks_.empty() ? kFirst : 2 * chunks_.back().capacity);
+    T* const begin = std::allocator<T>().allocate(capacity);
+    if (!chunks_.empty()) {
+      chunks_.back().end = next_;
+    }
+    chunks_.push_back(Chunk{begin, begin, capacity});  // cannot throw after the reserve
+    next_ = begin;
+    limit_ = begin + capacity;
+  }
+
+  std::vector<Chunk> chunks_;
+  T* next_ = nullptr;   // where the next element goes, in the last chunk
+  T* limit_ = nullptr;  // the end of the last chunk's capacity
 };
 
 // A node's lists are views into its graph's arenas (Note [Where the graph keeps its lists]); a
@@ -280,8 +386,13 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   [[nodiscard]] std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mutex_); }
 
  private:
-  int64_t storage_of(const FakeTensorImpl& fake, int64_t node);
-  std::optional<int64_t> known_storage(const FakeTensorImpl& fake, int64_t known) const;
+  // Note [Finding a fake's storage]: the storage of the value `known`, if `fake` still views it;
+  // the storage whose identity is `identity`; each -1 if none.
+  int64_t known_storage(const FakeTensorImpl& fake, int64_t known) const;
+  int64_t indexed_storage(const c10::StorageImpl* identity);
+  // Appends the storage `fake` views and returns its index.
+  int64_t append_storage(const FakeTensorImpl& fake, int64_t creator, int64_t base_value,
+                         int64_t writer);
   void add_writer(int64_t storage, int64_t node);
 
   std::string context_;
@@ -292,10 +403,13 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   ListArena<c10::IValue> arguments_;
   ListArena<RecordedInput> inputs_;
   ListArena<int64_t> outputs_;
+  ListArena<int64_t> geometry_;  // every value's sizes and strides
   // Per storage, what set_real_storage() recorded.
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> real_storages_;
-  // Open addressing: every recorded output and write looks its storage up here.
+  // Open addressing, keyed by identity: storages_[0, indexed_storages_), filled when a lookup needs
+  // it (Note [Finding a fake's storage]).
   ska::flat_hash_map<const c10::StorageImpl*, int64_t> storage_index_;
+  size_t indexed_storages_ = 0;
   std::vector<std::shared_ptr<RngAnchor>> rng_anchors_;
   uint64_t random_ops_ = 0;
   const std::shared_future<uint64_t> counter_seed_;

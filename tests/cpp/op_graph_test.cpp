@@ -1,0 +1,133 @@
+// The op graph's own structures: the lists it appends to, and how it finds a fake's storage.
+#include <torchdefer/op_graph.h>
+#include <torchdefer/torchdefer.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace torchdefer {
+namespace {
+
+// Counts its live instances, so that a test sees each element constructed and destroyed once.
+struct Counted {
+  explicit Counted(int64_t v) : value(v) { ++live; }
+  Counted(const Counted& other) : value(other.value) { ++live; }
+  Counted(Counted&& other) noexcept : value(other.value) {
+    other.value = -1;
+    ++live;
+  }
+  ~Counted() { --live; }
+  int64_t value;
+  static inline int64_t live = 0;
+};
+
+TEST(StableVector, KeepsEveryElementWhereItWasAppendedAndDestroysEachOnce) {
+  const int64_t live_before = Counted::live;
+  {
+    StableVector<Counted, 2> elements;  // chunks of 4
+    std::vector<const Counted*> addresses;
+    for (int64_t i = 0; i < 11; ++i) {
+      addresses.push_back(&elements.emplace_back(i));
+    }
+    EXPECT_EQ(elements.size(), 11u);
+    EXPECT_EQ(Counted::live - live_before, 11);
+    for (int64_t i = 0; i < 11; ++i) {
+      EXPECT_EQ(&elements[i], addresses[i]);
+      EXPECT_EQ(elements[i].value, i);
+    }
+    EXPECT_EQ(elements.front().value, 0);
+    EXPECT_EQ(elements.back().value, 10);
+  }
+  EXPECT_EQ(Counted::live, live_before);
+}
+
+TEST(ListArena, MovesEachRunInOnceAndKeepsEarlierRunsWhereTheyWere) {
+  const int64_t live_before = Counted::live;
+  {
+    ListArena<Counted> arena;
+    std::vector<c10::ArrayRef<Counted>> runs;
+    std::vector<std::vector<int64_t>> expected;
+    // Runs of growing length, the last longer than any chunk so far.
+    for (int64_t n : {0, 3, 700, 400, 5000, 1}) {
+      std::vector<Counted> run;
+      std::vector<int64_t> values;
+      for (int64_t i = 0; i < n; ++i) {
+        run.emplace_back(n * 10000 + i);
+        values.push_back(n * 10000 + i);
+      }
+      runs.push_back(arena.take(run));
+      expected.push_back(values);
+      for (const Counted& moved_from : run) {
+        EXPECT_EQ(moved_from.value, -1);
+      }
+    }
+    for (size_t r = 0; r < runs.size(); ++r) {
+      ASSERT_EQ(runs[r].size(), expected[r].size());
+      for (size_t i = 0; i < runs[r].size(); ++i) {
+        EXPECT_EQ(runs[r][i].value, expected[r][i]);
+      }
+    }
+    EXPECT_EQ(Counted::live - live_before, 0 + 3 + 700 + 400 + 5000 + 1);
+  }
+  EXPECT_EQ(Counted::live, live_before);
+}
+
+int64_t storage_of(const at::Tensor& t) {
+  const RecordedFake* rec = recorded(t);
+  return rec->graph->values()[rec->value].storage;
+}
+
+// Note [Finding a fake's storage]: a view's storage is found through the table, which first indexes
+// every storage appended with no lookup (the factories' before it).
+TEST(OpGraph, FindsTheStorageOfAViewOfAnyEarlierFactoryOutput) {
+  std::vector<at::Tensor> tensors = deferred_init([] {
+    std::vector<at::Tensor> made;
+    for (int i = 0; i < 40; ++i) {
+      made.push_back(torch::zeros({4, 6}));
+    }
+    made.push_back(made[3].narrow(1, 0, 2));
+    made.push_back(torch::ones({5}));
+    made.push_back(made[41].view({5, 1}));
+    made.push_back(made[0].t());
+    return made;
+  });
+  const OpGraph& graph = *recorded(tensors[0])->graph;
+  EXPECT_EQ(graph.storages().size(), 41u);
+  EXPECT_EQ(storage_of(tensors[40]), storage_of(tensors[3]));
+  EXPECT_EQ(storage_of(tensors[42]), storage_of(tensors[41]));
+  EXPECT_EQ(storage_of(tensors[43]), storage_of(tensors[0]));
+  for (int i = 0; i < 40; ++i) {
+    EXPECT_EQ(graph.storages()[storage_of(tensors[i])].creator,
+              graph.values()[recorded(tensors[i])->value].node);
+  }
+}
+
+// A write into a fake the graph did not record appends its storage with no creator; a later view
+// of that fake finds that storage rather than making another.
+TEST(OpGraph, AViewOfAForeignFakeItWroteIntoFindsTheStorageOfThatWrite) {
+  at::Tensor foreign;
+  {
+    FakeMode mode;
+    foreign = torch::empty({3, 2});
+  }
+  const at::Tensor view = deferred_init([&] {
+    foreign.fill_(1.0);
+    torch::zeros({2});  // a storage appended with no lookup
+    return foreign.t();
+  });
+  const RecordedFake* rec = recorded(view);
+  ASSERT_NE(rec, nullptr);
+  const OpGraph& graph = *rec->graph;
+  ASSERT_EQ(graph.storages().size(), 2u);
+  const RecordedStorage& written = graph.storages()[storage_of(view)];
+  EXPECT_EQ(written.creator, -1);
+  // Written by fill_ only; the last node, t(), returned a view of it.
+  EXPECT_EQ(written.writers.size(), 1u);
+  EXPECT_EQ(graph.values()[rec->value].node, graph.next_node() - 1);
+}
+
+}  // namespace
+}  // namespace torchdefer
