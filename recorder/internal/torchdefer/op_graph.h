@@ -29,12 +29,13 @@ namespace torchdefer {
 
 // Note [The op graph]
 // ~~~~~~~~~~~~~~~~~~~
-// A node is one dispatcher call, seen at kDeferredInitKey before autograd or any composite
-// decomposition ran (Note [Dispatch keys]): the operator, its boxed arguments with each tensor
-// replaced by a RecordedInput, and a value per output tensor. A value is one view of one storage
-// (its geometry, dtype and device), produced by a node. A storage is what the fakes' shared meta
-// StorageImpl stands for: the node that created it and every node that later wrote into it, in
-// record order. Which arguments a node writes comes from the schema's alias annotations
+// A node is one dispatcher call as the model's code made it, a composite op before its
+// decomposition (Note [Where an op is recorded] in recording.cpp): the operator, its boxed
+// arguments with each tensor replaced by a RecordedInput, and a value per output tensor. A value is
+// one view of one storage (its geometry, dtype and device), produced by a node. A storage is what
+// the fakes' shared meta StorageImpl stands for: the node that created it and every node that later
+// wrote into it, in record order. Which arguments a node writes comes from the schema's alias
+// annotations
 // (`Tensor(a!)`), never from op names; whether an output is a view of an input comes from the
 // storage identities the Fake layer keeps.
 //
