@@ -35,9 +35,8 @@ namespace torchdefer {
 // one view of one storage (its geometry, dtype and device), produced by a node. A storage is what
 // the fakes' shared meta StorageImpl stands for: the node that created it and every node that later
 // wrote into it, in record order. Which arguments a node writes comes from the schema's alias
-// annotations
-// (`Tensor(a!)`), never from op names; whether an output is a view of an input comes from the
-// storage identities the Fake layer keeps.
+// annotations (`Tensor(a!)`), never from op names; whether an output is a view of an input comes
+// from the storage identities the Fake layer keeps.
 //
 // Materializing a storage means replaying its creator and its writers in record order, after the
 // storages they read (recursively). A value never needs its view op replayed: it is its storage
