@@ -44,8 +44,6 @@ struct Chain {
   // The anchor is lazy or continues from one (Note [Lazy RNG anchors]): the draws cannot be
   // applied until it is resolved, and the chain ends as the owed generator.
   bool lazy = false;
-  // The chain marked the freshly seeded generator (Note [A chain that starts at a seed]).
-  bool marked_seed = false;
 };
 
 // Reached through a reference taken once per call: every access to a thread_local with a
@@ -86,18 +84,14 @@ const at::mt19937& expected_engine(Chain& chain) {
   return chain.expected;
 }
 
-void unmark_seed(Chain& chain);
-
 // Applies the chain's unapplied draws, unless someone moved the generator in the meantime (a
 // reseed makes them moot, as it would have in eager). In the background, the chain's `expected`
 // is not known afterwards: only for a chain that ends.
 void apply_unapplied(Apply how = Apply::kNow) {
   Chain& chain = this_thread_chain;
   if (chain.unapplied == 0) {
-    unmark_seed(chain);
     return;
   }
-  chain.marked_seed = false;  // the draws replace the mark
   if (how == Apply::kInBackground && chain.after_jump != nullptr) {
     // Queued after the jump the chain started from, whatever its length: no wait for that jump.
     jump_default_generator_in_background(chain.after_jump, chain.unapplied);
@@ -174,44 +168,7 @@ std::shared_future<at::Tensor> state_after(const std::shared_ptr<const JumpEnd>&
   return std::async(std::launch::deferred, [jump] { return jump->state(); }).share();
 }
 
-// Note [A chain that starts at a seed]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A chain that starts right after torch::manual_seed(s) expects the generator at seed s's fresh
-// state while its draws are not applied, and a torch::manual_seed(s) in C++ between two of its
-// random ops leaves it exactly there: no comparison could tell that reseed, after which eager draws
-// the first op's numbers again, from an untouched generator (Note [Noticing a moved generator]).
-// So such a chain marks the generator as the owed generator is marked (Note [The owed generator's
-// mark] in rng_anchors.cpp): next_ = 1 with left_ = 1, which seeding (next_ = 0) and drawing
-// (left_ + next_ = 625) never produce, and which draws what the fresh state draws (left_ = 1 makes
-// the next draw regenerate every word and reset next_). The anchor keeps the state before the
-// mark. The chain's draws, applied, replace the mark; a chain that ends without draws to apply
-// takes it off, so the generator is left exactly as eager leaves it.
-constexpr uint32_t kSeedMark = 1;
-
-bool freshly_seeded(const at::mt19937_data_pod& engine) {
-  return engine.left_ == 1 && engine.next_ == 0;
-}
-
-void unmark_seed(Chain& chain) {
-  if (!chain.marked_seed) {
-    return;
-  }
-  chain.marked_seed = false;
-  with_default_generator([&](const at::Generator&, at::CPUGeneratorImpl* impl) {
-    const at::mt19937 now = impl->engine();
-    if (!same_engine(now.data(), chain.expected.data())) {
-      return;  // moved since: whoever moved it left it where eager does
-    }
-    at::mt19937_data_pod unmarked = now.data();
-    unmarked.next_ = 0;
-    impl->set_engine(engine_of(unmarked));
-    chain.expected = impl->engine();
-  });
-}
-
-// A known anchor at the generator's state now (or where the jump being made leaves it); `mark`:
-// the chain starts here and marks a freshly seeded generator.
-int64_t anchor_here(OpGraph& graph, bool mark = false) {
+int64_t anchor_here(OpGraph& graph) {
   Chain& chain = this_thread_chain;
   if (std::shared_ptr<const JumpEnd> jump = held_jump()) {
     chain.after_jump = jump;
@@ -221,16 +178,8 @@ int64_t anchor_here(OpGraph& graph, bool mark = false) {
   chain.after_jump.reset();
   at::Tensor state =
       with_default_generator([&](const at::Generator& generator, at::CPUGeneratorImpl* impl) {
-        at::Tensor state = generator.get_state();
         chain.expected = impl->engine();
-        at::mt19937_data_pod marked = chain.expected.data();
-        if (mark && freshly_seeded(marked)) {
-          marked.next_ = kSeedMark;
-          impl->set_engine(engine_of(marked));
-          chain.expected = impl->engine();
-          chain.marked_seed = true;
-        }
-        return state;
+        return generator.get_state();
       });
   const auto lock = graph.lock();
   return graph.add_rng_anchor(RngAnchor::known(std::move(state)));
@@ -436,7 +385,7 @@ void start_chain(const std::shared_ptr<OpGraph>& graph) {
   chain.graph = graph;
   std::optional<GeneratorDebt> owed = take_generator_debt();
   if (!owed) {
-    chain.anchor = anchor_here(*graph, /*mark=*/true);
+    chain.anchor = anchor_here(*graph);
     return;
   }
   chain.lazy = true;
