@@ -5,6 +5,9 @@
 #include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 
+#include <iterator>
+#include <tuple>
+
 namespace torchdefer {
 namespace {
 
@@ -33,19 +36,35 @@ std::array<AutocastOn, 2> AmbientState::current_autocast() {
   return on;
 }
 
-void set_autocast(const std::array<AutocastOn, 2>& autocast) {
-  for (const c10::DeviceType type : kAutocastDeviceTypes) {
+void forget_autocast_casts() { at::autocast::clear_cache(); }
+
+AutocastGuard::AutocastGuard(const std::array<AutocastOn, 2>& recorded) {
+  static_assert(std::size(kAutocastDeviceTypes) == std::tuple_size_v<decltype(saved_)>);
+  for (size_t i = 0; i < saved_.size(); ++i) {
+    const c10::DeviceType type = kAutocastDeviceTypes[i];
     if (!at::autocast::is_autocast_available(type)) {
       continue;
     }
+    saved_[i] = {at::autocast::is_autocast_enabled(type), at::autocast::get_autocast_dtype(type)};
     bool enabled = false;
-    for (const AutocastOn& on : autocast) {
+    for (const AutocastOn& on : recorded) {
       if (on.dtype != c10::ScalarType::Undefined && on.device_type == type) {
         at::autocast::set_autocast_dtype(type, on.dtype);
         enabled = true;
       }
     }
     at::autocast::set_autocast_enabled(type, enabled);
+  }
+}
+
+AutocastGuard::~AutocastGuard() {
+  for (size_t i = 0; i < saved_.size(); ++i) {
+    const c10::DeviceType type = kAutocastDeviceTypes[i];
+    if (!at::autocast::is_autocast_available(type)) {
+      continue;
+    }
+    at::autocast::set_autocast_dtype(type, saved_[i].dtype);
+    at::autocast::set_autocast_enabled(type, saved_[i].enabled);
   }
 }
 

@@ -276,6 +276,14 @@ void for_each_tensor(const c10::IValue& value, const F& f) {
 // what their kernels dispatch below is autocast's too, which replay repeats (Note [Ambient state
 // is part of the recording]).
 
+// The same holds under a TorchDispatchMode: the mode sees a composite's parts, not the composite,
+// and may compute something else for them (or count them, or draw); recording the composite whole
+// would replay eager's kernel without the mode. So while a mode is on the stack (torch then
+// includes the Python key on this thread), a composite call passes down as under autocast.
+bool dispatch_mode_on() {
+  return c10::impl::tls_local_dispatch_key_set().included_.has(c10::DispatchKey::Python);
+}
+
 // Where a Recorder sees its call (Note [Where an op is recorded]).
 enum class Position {
   kAboveAutograd,  // the kDeferredInitKey fallback: ops that decompose above autograd
@@ -312,7 +320,8 @@ class Recorder {
       run_real(keys);
       return;
     }
-    if (position_ == Position::kAboveAutograd && (facts_.records_its_parts || autocast_on_now())) {
+    if (position_ == Position::kAboveAutograd &&
+        (facts_.records_its_parts || autocast_on_now() || dispatch_mode_on())) {
       // Note [Composite ops that read values inside], Note [Composite ops under autocast]: the
       // kernel's calls pass this key again.
       op_.redispatchBoxed(
@@ -872,6 +881,9 @@ RecordingScope::RecordingScope(std::string context, DeferredInitOptions options)
 RecordingScope::~RecordingScope() {
   tls_open_recordings.pop_back();
   tls_graph = std::move(saved_graph_);
+  if (autocast_on_now()) {
+    forget_autocast_casts();
+  }
   if (!exact_generator_) {
     detail::settle_generator();
     return;

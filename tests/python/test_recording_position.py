@@ -166,3 +166,68 @@ def test_more_than_two_autocast_device_types_are_refused_while_recording():
 
     with pytest.raises(RuntimeError, match="more than two device types"):
         torchdefer.deferred_init(M)
+
+
+class ReplacesParts(TorchDispatchMode):
+    """A mode that computes something else for the parts of composites (addmm under linear)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.uniform_.default:
+            return args[0].fill_(0.25)
+        if func is torch.ops.aten.addmm.default:
+            return func(*args, **kwargs) * 2
+        return func(*args, **kwargs)
+
+
+def test_a_composite_op_under_a_dispatch_mode_records_what_the_mode_computed():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            with ReplacesParts():
+                self.lin = torch.nn.Linear(3, 3)
+                self.register_buffer("y", self.lin(torch.ones(2, 3)).detach())
+
+    _assert_same_state(*_eager_and_materialized(M))
+
+
+def test_a_replay_under_autocast_leaves_autocasts_dtype_as_it_was():
+    def build():
+        m = torch.nn.Linear(4, 4)
+        with torch.autocast("cpu", dtype=torch.float16):
+            h = m.weight * 3
+        assert h.float().abs().sum().item() > -1  # a read replays h's nodes under float16
+        with torch.autocast("cpu"):  # autocast's default dtype: bfloat16
+            m.register_buffer("y", m(torch.ones(2, 4)).detach())
+        return m
+
+    torch.manual_seed(0)
+    eager = build()
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(build)
+    assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert deferred.y.dtype == eager.y.dtype == torch.bfloat16
+    torchdefer.materialize_module(deferred)
+    assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert not torch.is_autocast_enabled("cpu")
+    _assert_same_state(eager, deferred)
+
+
+def test_a_forward_in_the_autocast_region_of_deferred_init_uses_the_real_parameters():
+    def build():
+        lin = torch.nn.Linear(4, 4)
+        lin(torch.ones(2, 4))  # autocast caches the cast of the fake weight
+        return lin
+
+    x = torch.ones(2, 4)
+    torch.manual_seed(0)
+    with torch.autocast("cpu"):
+        eager = build()
+        expected = eager(x)
+    torch.manual_seed(0)
+    with torch.autocast("cpu"):
+        deferred = torchdefer.deferred_init(build)
+        torchdefer.materialize_module(deferred)
+        got = deferred(x)
+    assert not torchdefer.is_fake(got)
+    assert torch.equal(expected, got)

@@ -10,6 +10,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <array>
+#include <optional>
 
 namespace torchdefer {
 
@@ -73,44 +74,60 @@ struct AmbientState {
     return state;
   }
 
-  bool same_autocast(const AmbientState& other) const { return autocast == other.autocast; }
-
  private:
   static std::array<AutocastOn, 2> current_autocast();
 };
 
-// Turns autocast on for exactly the device types `autocast` lists, with their dtypes.
-void set_autocast(const std::array<AutocastOn, 2>& autocast);
+// Empties autocast's cache of casts of leaf tensors. Autocast keeps, for the rest of its region,
+// the cast of every parameter it casts; a recording leaves fakes there, which a forward pass in
+// the same region would use after materialization (the cast of a fake parameter, not of its now
+// real values). A recording that ends under autocast therefore empties the cache; eager's casts
+// are only recomputed.
+void forget_autocast_casts();
+
+// While alive, autocast is on for exactly the device types `recorded` lists, with their dtypes;
+// every device type's autocast flag and dtype are put back as they were when it ends.
+class AutocastGuard {
+ public:
+  explicit AutocastGuard(const std::array<AutocastOn, 2>& recorded);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  struct Saved {
+    bool enabled = false;
+    c10::ScalarType dtype = c10::ScalarType::Undefined;
+  };
+  std::array<Saved, 9> saved_{};  // per device type of kAutocastDeviceTypes (ambient_state.cpp)
+};
 
 // Runs a recorded op under the ambient state it was recorded with, and restores the state after.
 class AmbientStateGuard {
  public:
   explicit AmbientStateGuard(const AmbientState& recorded)
-      : saved_(AmbientState::current()),
-        dtype_changed_(recorded.default_dtype != saved_.default_dtype),
-        autocast_changed_(!recorded.same_autocast(saved_)) {
+      : saved_dtype_(c10::typeMetaToScalarType(c10::get_default_dtype())),
+        dtype_changed_(recorded.default_dtype != saved_dtype_) {
     if (dtype_changed_) {
       c10::set_default_dtype(c10::scalarTypeToTypeMeta(recorded.default_dtype));
     }
-    if (autocast_changed_) {
-      set_autocast(recorded.autocast);
+    if (recorded.autocast[0].dtype != c10::ScalarType::Undefined || autocast_on_now()) {
+      autocast_.emplace(recorded.autocast);
     }
   }
   ~AmbientStateGuard() {
+    autocast_.reset();
     if (dtype_changed_) {
-      c10::set_default_dtype(c10::scalarTypeToTypeMeta(saved_.default_dtype));
-    }
-    if (autocast_changed_) {
-      set_autocast(saved_.autocast);
+      c10::set_default_dtype(c10::scalarTypeToTypeMeta(saved_dtype_));
     }
   }
   AmbientStateGuard(const AmbientStateGuard&) = delete;
   AmbientStateGuard& operator=(const AmbientStateGuard&) = delete;
 
  private:
-  AmbientState saved_;
+  c10::ScalarType saved_dtype_;
   bool dtype_changed_;
-  bool autocast_changed_;
+  std::optional<AutocastGuard> autocast_;
 };
 
 }  // namespace torchdefer
