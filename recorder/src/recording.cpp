@@ -783,23 +783,13 @@ class Recorder {
 
 // Whether a tensor argument of the call on `stack` is a recorded fake (they carry the key).
 bool carries_deferred_init_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  const auto carries = [](const c10::IValue& value) {
-    return value.isTensor() && value.toTensor().key_set().has(kDeferredInitKey);
-  };
+  bool carries = false;
   for (size_t i = stack.size() - op.schema().arguments().size(); i < stack.size(); ++i) {
-    const c10::IValue& argument = stack[i];
-    if (carries(argument)) {
-      return true;
-    }
-    if (argument.isList()) {
-      for (const c10::IValue& element : argument.toListRef()) {
-        if (carries(element)) {
-          return true;
-        }
-      }
-    }
+    for_each_tensor(stack[i], [&](const at::Tensor& t) {
+      carries = carries || t.key_set().has(kDeferredInitKey);
+    });
   }
-  return false;
+  return carries;
 }
 
 // Note [Where an op is recorded]: whether a call reaching the Fake key is the recorder's there: a

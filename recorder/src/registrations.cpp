@@ -83,7 +83,7 @@ int register_meta_rules(torch::Library& library) {
 // Note [Where an op is recorded]: an op whose kernels below kDeferredInitKey all pass the same
 // call down to the Fake key, which is any op without a CompositeImplicitAutograd kernel (that
 // kernel would decompose it above the Fake key) and not one the op table records as its parts.
-bool recorded_at_fake_key(const c10::OperatorHandle& op) {
+bool recorded_below_autograd(const c10::OperatorHandle& op) {
   if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
     return false;
   }
@@ -96,7 +96,7 @@ std::vector<c10::RegistrationHandleRAII> fall_through_deferred_init_key() {
   c10::Dispatcher& dispatcher = c10::Dispatcher::singleton();
   for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
     const std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
-    if (!op || !op->hasSchema() || !recorded_at_fake_key(*op)) {
+    if (!op || !op->hasSchema() || !recorded_below_autograd(*op)) {
       continue;
     }
     handles.push_back(dispatcher.registerImpl(name, kDeferredInitKey,

@@ -66,6 +66,17 @@ TwoRandomOps two_random_ops(const std::function<void()>& between) {
   return ops;
 }
 
+// Whether both deferred ops materialized to eager's bits.
+::testing::AssertionResult gives_eager_bits(const TwoRandomOps& ops) {
+  if (!bitwise_equal(ops.first, ops.eager_first)) {
+    return ::testing::AssertionFailure() << "the first random op differs from eager's";
+  }
+  if (!bitwise_equal(ops.second, ops.eager_second)) {
+    return ::testing::AssertionFailure() << "the second random op differs from eager's";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // The anchors the recording's random ops were placed from, in program order.
 std::vector<int64_t> anchors_of_random_ops(const OpGraph& graph) {
   std::vector<int64_t> anchors;
@@ -116,8 +127,7 @@ TEST(GeneratorMoves, AStateSetBetweenTwoRandomOpsIsNoticedWhenOneWordDiffers) {
   at::mt19937 engine;
   engine.set_data(flipped);
   const TwoRandomOps ops = two_random_ops([&] { set_default_engine(engine); });
-  EXPECT_TRUE(bitwise_equal(ops.first, ops.eager_first));
-  EXPECT_TRUE(bitwise_equal(ops.second, ops.eager_second));
+  EXPECT_TRUE(gives_eager_bits(ops));
   const std::vector<int64_t> anchors = anchors_of_random_ops(*ops.graph);
   ASSERT_EQ(anchors.size(), 2u);
   EXPECT_NE(anchors[0], anchors[1]);
@@ -144,8 +154,7 @@ TEST(GeneratorMoves, TheSameStateWrittenAgainWithOtherBytesKeepsTheChain) {
     ASSERT_NE(std::memcmp(&after, &now, sizeof(at::mt19937)), 0)
         << "the test needs an engine whose bytes differ where its fields do not";
   });
-  EXPECT_TRUE(bitwise_equal(ops.first, ops.eager_first));
-  EXPECT_TRUE(bitwise_equal(ops.second, ops.eager_second));
+  EXPECT_TRUE(gives_eager_bits(ops));
   const std::vector<int64_t> anchors = anchors_of_random_ops(*ops.graph);
   ASSERT_EQ(anchors.size(), 2u);
   EXPECT_EQ(anchors[0], anchors[1]);
@@ -153,8 +162,7 @@ TEST(GeneratorMoves, TheSameStateWrittenAgainWithOtherBytesKeepsTheChain) {
 
 TEST(GeneratorMoves, AReseedBetweenTwoRandomOpsIsNoticed) {
   const TwoRandomOps ops = two_random_ops([] { torch::manual_seed(22); });
-  EXPECT_TRUE(bitwise_equal(ops.first, ops.eager_first));
-  EXPECT_TRUE(bitwise_equal(ops.second, ops.eager_second));
+  EXPECT_TRUE(gives_eager_bits(ops));
 }
 
 }  // namespace

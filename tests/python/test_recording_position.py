@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import torchdefer
+from test_recording_state import assert_same_state, eager_and_materialized
 
 
 class PassThrough(TorchDispatchMode):
@@ -30,23 +31,6 @@ def _modes():
     return [PassThrough, lambda: FlopCounterMode(display=False), DoublesResults]
 
 
-def _eager_and_materialized(cls, seed=0):
-    torch.manual_seed(seed)
-    eager = cls()
-    torch.manual_seed(seed)
-    deferred = torchdefer.deferred_init(cls)
-    torchdefer.materialize_module(deferred)
-    return eager, deferred
-
-
-def _assert_same_state(eager, deferred):
-    expected, got = eager.state_dict(), deferred.state_dict()
-    assert expected.keys() == got.keys()
-    for name in expected:
-        assert expected[name].dtype == got[name].dtype, name
-        assert torch.equal(expected[name], got[name]), name
-
-
 @pytest.mark.parametrize("mode", _modes(), ids=["pass_through", "flop_counter", "doubles"])
 def test_in_place_initialization_inside_a_dispatch_mode_is_recorded(mode):
     class M(torch.nn.Module):
@@ -58,7 +42,7 @@ def test_in_place_initialization_inside_a_dispatch_mode_is_recorded(mode):
                 torch.nn.init.zeros_(self.lin.bias)
                 self.register_buffer("noise", torch.randn(3))
 
-    _assert_same_state(*_eager_and_materialized(M))
+    assert_same_state(*eager_and_materialized(M))
 
 
 @pytest.mark.parametrize("mode", _modes(), ids=["pass_through", "flop_counter", "doubles"])
@@ -70,7 +54,7 @@ def test_a_draw_inside_a_dispatch_mode_moves_the_generator_for_later_parameters(
                 torch.randn(100)
             self.w = torch.nn.Parameter(torch.randn(4))
 
-    _assert_same_state(*_eager_and_materialized(M))
+    assert_same_state(*eager_and_materialized(M))
 
 
 def test_deferred_init_under_an_outer_dispatch_mode_matches_eager():
@@ -88,7 +72,7 @@ def test_deferred_init_under_an_outer_dispatch_mode_matches_eager():
     with FlopCounterMode(display=False):
         deferred = torchdefer.deferred_init(M)
     torchdefer.materialize_module(deferred)
-    _assert_same_state(eager, deferred)
+    assert_same_state(eager, deferred)
 
 
 def test_a_write_after_return_inside_a_dispatch_mode_is_recorded():
@@ -106,7 +90,7 @@ def test_a_write_after_return_inside_a_dispatch_mode_is_recorded():
     with PassThrough():
         deferred.lin.bias.data.fill_(0.5)
     torchdefer.materialize_module(deferred)
-    _assert_same_state(eager, deferred)
+    assert_same_state(eager, deferred)
 
 
 _UNDER_AUTOCAST = {
@@ -133,10 +117,10 @@ def test_a_composite_op_under_autocast_replays_in_eagers_dtype(name):
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 self.register_buffer("out", compute(a, b))
 
-    eager, deferred = _eager_and_materialized(M)
+    eager, deferred = eager_and_materialized(M)
     if name in ("linear", "matmul", "mm", "sdpa", "conv2d"):
         assert eager.out.dtype == torch.bfloat16  # autocast did change eager's computation
-    _assert_same_state(eager, deferred)
+    assert_same_state(eager, deferred)
 
 
 def test_a_kernel_dispatching_under_float16_autocast_replays_under_it():
@@ -148,9 +132,9 @@ def test_a_kernel_dispatching_under_float16_autocast_replays_under_it():
                 self.register_buffer("out", F.bilinear(a, b, torch.randn(3, 8, 8)))
                 self.register_buffer("mm", torch.mm(a, b.t()))
 
-    eager, deferred = _eager_and_materialized(M)
+    eager, deferred = eager_and_materialized(M)
     assert eager.mm.dtype == torch.float16
-    _assert_same_state(eager, deferred)
+    assert_same_state(eager, deferred)
     assert not torch.is_autocast_enabled("cpu")
 
 
@@ -188,7 +172,7 @@ def test_a_composite_op_under_a_dispatch_mode_records_what_the_mode_computed():
                 self.lin = torch.nn.Linear(3, 3)
                 self.register_buffer("y", self.lin(torch.ones(2, 3)).detach())
 
-    _assert_same_state(*_eager_and_materialized(M))
+    assert_same_state(*eager_and_materialized(M))
 
 
 def test_a_replay_under_autocast_leaves_autocasts_dtype_as_it_was():
@@ -210,7 +194,7 @@ def test_a_replay_under_autocast_leaves_autocasts_dtype_as_it_was():
     torchdefer.materialize_module(deferred)
     assert torch.get_autocast_dtype("cpu") == torch.bfloat16
     assert not torch.is_autocast_enabled("cpu")
-    _assert_same_state(eager, deferred)
+    assert_same_state(eager, deferred)
 
 
 def test_a_forward_in_the_autocast_region_of_deferred_init_uses_the_real_parameters():

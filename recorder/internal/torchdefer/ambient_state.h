@@ -48,10 +48,6 @@ namespace torchdefer {
 struct AutocastOn {
   c10::DeviceType device_type = c10::DeviceType::CPU;
   c10::ScalarType dtype = c10::ScalarType::Undefined;  // Undefined: this slot is unused
-
-  bool operator==(const AutocastOn& other) const {
-    return device_type == other.device_type && dtype == other.dtype;
-  }
 };
 
 // Whether autocast is on for any device type on this thread. Autocast's keys come with the
