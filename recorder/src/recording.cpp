@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -133,7 +134,31 @@ struct OperatorFacts {
   BitView bit_view = BitView::kNone;  // Note [Conjugate and negative views of fakes]
   // Recorded as the ops its composite kernel calls (Note [Composite ops that read values inside]).
   bool records_its_parts = false;
+  // Recorded by CommonCall: none of the traits above that need the Recorder's general path, at
+  // most one result, a tensor, and at most one written argument, the first, which the op returns
+  // (Note [The common call]).
+  bool common = false;
 };
+
+// Whether `schema` has the shape CommonCall records (OperatorFacts::common).
+bool has_common_shape(const c10::FunctionSchema& schema, const std::vector<uint8_t>& written) {
+  const auto& returns = schema.returns();
+  if (returns.size() > 1 ||
+      (returns.size() == 1 && returns[0].type()->kind() != c10::TypeKind::TensorType)) {
+    return false;
+  }
+  const auto writes = std::count(written.begin(), written.end(), uint8_t{1});
+  if (writes == 0) {
+    return true;
+  }
+  if (writes > 1 || written[0] == 0 || returns.size() != 1) {
+    return false;
+  }
+  const c10::AliasInfo* argument = schema.arguments()[0].alias_info();
+  const c10::AliasInfo* result = returns[0].alias_info();
+  return argument != nullptr && result != nullptr && argument->isWrite() && result->isWrite() &&
+         argument->beforeSets() == result->beforeSets();
+}
 
 OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
   const c10::FunctionSchema& schema = op.schema();
@@ -150,6 +175,8 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     facts.written.push_back(writes_argument(schema, i) ? 1 : 0);
   }
+  facts.common = !facts.records_its_parts && !facts.may_read_values &&
+                 facts.bit_view == BitView::kNone && has_common_shape(schema, facts.written);
   return facts;
 }
 
@@ -159,14 +186,29 @@ struct KnownOperator {
 };
 
 const OperatorFacts& facts_of(const c10::OperatorHandle& op) {
+  // The last operators asked, by their schema's address: a model's construction calls a handful
+  // of operators over and over, and a hash map lookup was a visible share of recording one call.
+  // Plain data, so that reaching it costs no thread_local initialization check.
+  struct Recent {
+    const c10::FunctionSchema* schema;
+    const OperatorFacts* facts;
+    uint64_t deregistrations;
+  };
+  thread_local Recent recent[64];
+  const c10::FunctionSchema* schema = &op.schema();
+  const uint64_t now = detail::deregistrations_so_far();
+  Recent& slot = recent[(reinterpret_cast<uintptr_t>(schema) >> 4) % 64];
+  if (slot.schema == schema && slot.deregistrations == now) {
+    return *slot.facts;
+  }
   // By pointer, so that an entry stays where it is while ops run under a recorder that holds it.
   thread_local ska::flat_hash_map<const c10::FunctionSchema*, KnownOperator> known;
-  KnownOperator& entry = known[&op.schema()];
-  const uint64_t now = detail::deregistrations_so_far();
+  KnownOperator& entry = known[schema];
   if (entry.facts == nullptr || entry.deregistrations != now) {
     entry.facts = std::make_unique<OperatorFacts>(facts_of_schema(op));
     entry.deregistrations = now;
   }
+  slot = Recent{schema, entry.facts.get(), now};
   return *entry.facts;
 }
 
@@ -290,13 +332,92 @@ enum class Position {
   kAtFakeKey,      // the kFakeKey fallback, before the Fake layer: every other op
 };
 
+// A tensor argument of a recorded call: where the stack holds it (until the call pops it), and
+// what scan_arguments() found it to be.
+struct SeenTensor {
+  const at::Tensor* tensor;
+  FakeTensorImpl* fake;          // nullptr for a real or undefined tensor
+  const RecordedFake* recorded;  // a fake's recording, if any
+};
+
+// A fake the call writes, held until the call is recorded.
+struct WrittenFake {
+  at::Tensor tensor;
+  FakeTensorImpl* fake;
+  const RecordedFake* recorded;
+};
+
+// A list argument (sizes, dims) that holds no tensor and that only the stack refers to: the node
+// can keep the list itself instead of a copy, since nothing else can change it once the call
+// pops it (the kernels below read list arguments). A list held elsewhere too (a TorchScript
+// list variable) is copied, as before: its owner may change it after the call.
+bool is_private_list_of_no_tensors(const c10::IValue& argument) {
+  if (!argument.isList() || argument.use_count() != 1) {
+    return false;
+  }
+  const c10::ArrayRef<c10::IValue> elements = argument.toListRef();
+  return std::none_of(elements.begin(), elements.end(),
+                      [](const c10::IValue& element) { return element.isTensor(); });
+}
+
+// IntArrayRef's == calls memcmp, a visible cost for the two or three sizes most tensors have.
+bool same(c10::IntArrayRef a, c10::ArrayRef<int64_t> b) {
+  if (a.size() != b.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Note [An output that is its input's value]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An in-place op returns the fake it wrote, seen as before: the same storage through the same
+// geometry. A value is a view of a storage, not a version of it (Note [The op graph]): replay
+// reads a storage as the nodes recorded before the reader left it. So an output fake that this
+// graph recorded before and that still views its value's storage exactly as that value does
+// keeps the value, with no new value or annotation: the common case of initialization, where
+// every weight is written four or five times in place. An op that changed the fake's geometry
+// (t_, resize_, as_strided_, set_) makes a new value, as every other output.
+bool still_views(const OpGraph& graph, int64_t known, const FakeTensorImpl& impl,
+                 const at::Tensor& fake) {
+  const RecordedValue& value = graph.values()[known];
+  return graph.storages()[value.storage].identity.unsafeGetStorageImpl() ==
+             impl.storage_identity() &&
+         fake.storage_offset() == value.storage_offset && fake.scalar_type() == value.dtype &&
+         fake.device() == value.device && same(fake.sizes(), value.sizes) &&
+         same(fake.strides(), value.strides);
+}
+
+// Appends the fake `t` (whose FakeTensorImpl is `impl`) as an output of node `index` and
+// annotates it with its value (Note [Annotations live in the graph]); `known` as for add_output.
+int64_t add_recorded_output(OpGraph& graph, const std::shared_ptr<OpGraph>& owner, int64_t index,
+                            FakeTensorImpl& impl, const at::Tensor& t, int64_t known) {
+  const int64_t value = graph.add_output(index, impl, t, known);
+  impl.set_annotation(std::shared_ptr<const FakeAnnotation>(owner, &graph.annotation(value)));
+  impl.include_dispatch_key(kDeferredInitKey);
+  return value;
+}
+
+// What a recorded call that failed below the recorder adds to its error.
+std::string while_recording(const c10::FunctionSchema& schema, const OpGraph& graph) {
+  return "torchdefer: while recording " + c10::toString(schema.operator_name()) +
+         (&graph == tls_graph.get() ? " in deferred_init of " + graph.context()
+                                    : " on a fake recorded by deferred_init of " + graph.context() +
+                                          ", outside that call");
+}
+
 class Recorder {
  public:
-  Recorder(const c10::OperatorHandle& op, torch::jit::Stack* stack, Position position)
+  Recorder(const c10::OperatorHandle& op, const OperatorFacts& facts, torch::jit::Stack* stack,
+           Position position)
       : position_(position),
         op_(op),
         schema_(op.schema()),
-        facts_(facts_of(op)),
+        facts_(facts),
         stack_(*stack),
         first_argument_(stack_.size() - schema_.arguments().size()) {}
 
@@ -359,33 +480,34 @@ class Recorder {
     return c10::ArrayRef<c10::IValue>(stack_).slice(first_argument_, schema_.arguments().size());
   }
 
+  // One walk over the call's tensors, which every later step reads instead of the stack (Note
+  // [Recording an op]).
   void scan_arguments() {
     graph_ = tls_graph.get();
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
       const bool written = facts_.written[i - first_argument_];
       for_each_tensor(stack_[i], [&](const at::Tensor& t) {
-        ++tensors_;
+        SeenTensor& seen = seen_.emplace_back(SeenTensor{&t, fake_impl(t), nullptr});
         if (!t.defined()) {
           return;
         }
         has_tensor_ = true;
-        const FakeTensorImpl* impl = fake_impl(t);
-        if (impl == nullptr) {
+        if (seen.fake == nullptr) {
+          has_real_ = true;
           if (written) {
             written_real_.push_back(t);
           }
           return;
         }
         has_fake_ = true;
+        seen.recorded = recorded(*seen.fake);
         if (written) {
-          written_.push_back(t);
+          written_.push_back(WrittenFake{t, seen.fake, seen.recorded});
         }
-        if (graph_ == nullptr) {
-          if (const RecordedFake* rec = recorded(*impl)) {
-            // Held: the call may pop the only reference to this fake before record().
-            graph_owner_ = rec->shared_graph();
-            graph_ = rec->graph;
-          }
+        if (graph_ == nullptr && seen.recorded != nullptr) {
+          // Held: the call may pop the only reference to this fake before record().
+          graph_owner_ = seen.recorded->shared_graph();
+          graph_ = seen.recorded->graph;
         }
       });
     }
@@ -399,38 +521,28 @@ class Recorder {
       return false;
     }
     std::vector<at::Tensor> fakes;
-    for (size_t i = first_argument_; i < stack_.size(); ++i) {
-      for_each_tensor(stack_[i], [&](const at::Tensor& t) {
-        if (is_fake(t)) {
-          fakes.push_back(t);
-        }
-      });
+    for (const SeenTensor& seen : seen_) {
+      if (seen.fake != nullptr) {
+        fakes.push_back(*seen.tensor);
+      }
     }
     if (answer_without_values(schema_.name(), fakes)) {
       return false;  // the Fake layer answers it without data
     }
-    return std::all_of(fakes.begin(), fakes.end(), [&](const at::Tensor& t) {
-      const RecordedFake* rec = recorded(t);
-      return rec != nullptr && rec->graph == graph_;
-    });
+    return all_fakes_recorded_by(graph_);
   }
 
   // Note [Real tensors written while recording]: an op writing values of this recording into
   // a real tensor.
   bool writes_recorded_values_into_real() const {
     return tls_graph != nullptr && has_fake_ && !written_real_.empty() &&
-           all_fakes_of_this_recording();
+           all_fakes_recorded_by(tls_graph.get());
   }
 
-  bool all_fakes_of_this_recording() const {
-    bool all = true;
-    for (size_t i = first_argument_; i < stack_.size(); ++i) {
-      for_each_tensor(stack_[i], [&](const at::Tensor& t) {
-        const RecordedFake* rec = is_fake(t) ? recorded(t) : nullptr;
-        all = all && (!is_fake(t) || (rec != nullptr && rec->graph == tls_graph.get()));
-      });
-    }
-    return all;
+  bool all_fakes_recorded_by(const OpGraph* graph) const {
+    return std::all_of(seen_.begin(), seen_.end(), [&](const SeenTensor& seen) {
+      return seen.fake == nullptr || (seen.recorded != nullptr && seen.recorded->graph == graph);
+    });
   }
 
   // Note [Real tensors written while recording]: recorded nodes that read a real tensor this op
@@ -507,16 +619,16 @@ class Recorder {
     }
   }
 
-  RecordedInput classify(const at::Tensor& t) const {
+  RecordedInput classify(const SeenTensor& seen) const {
     RecordedInput input;
+    const at::Tensor& t = *seen.tensor;
     if (!t.defined()) {
       return input;
     }
-    if (const FakeTensorImpl* impl = fake_impl(t)) {
-      const RecordedFake* rec = recorded(*impl);
-      if (rec != nullptr && rec->graph == graph_) {
+    if (seen.fake != nullptr) {
+      if (seen.recorded != nullptr && seen.recorded->graph == graph_) {
         input.kind = RecordedInput::Kind::kValue;
-        input.value = rec->value;
+        input.value = seen.recorded->value;
       } else {
         input.kind = RecordedInput::Kind::kForeignFake;
         input.tensor = t;
@@ -535,50 +647,33 @@ class Recorder {
     return input;
   }
 
-  // A list argument (sizes, dims) that holds no tensor and that only the stack refers to: the node
-  // can keep the list itself instead of a copy, since nothing else can change it once the call
-  // pops it (the kernels below read list arguments). A list held elsewhere too (a TorchScript
-  // list variable) is copied, as before: its owner may change it after the call.
-  static bool is_private_list_of_no_tensors(const c10::IValue& argument) {
-    if (!argument.isList() || argument.use_count() != 1) {
-      return false;
-    }
-    const c10::ArrayRef<c10::IValue> elements = argument.toListRef();
-    return std::none_of(elements.begin(), elements.end(),
-                        [](const c10::IValue& element) { return element.isTensor(); });
-  }
-
   // Copies the call's arguments, each tensor replaced by a placeholder and classified, into the
   // recorder's buffers (the graph takes them in record()), before the call pops its arguments.
   void describe_call() {
     ambient_ = AmbientState::current();
     const bool random = facts_.random;
     if (random) {
-      arguments_.reserve(tensors_);
+      arguments_.reserve(seen_.size());
+      for (const SeenTensor& seen : seen_) {
+        arguments_.push_back(*seen.tensor);
+      }
+    }
+    described_inputs_.reserve(seen_.size());
+    for (const SeenTensor& seen : seen_) {
+      described_inputs_.push_back(classify(seen));
     }
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
       const c10::IValue& argument = stack_[i];
       if (argument.isTensor()) {
-        // The common case, without map_tensors' copy of the IValue.
-        const at::Tensor& t = argument.toTensor();
-        described_inputs_.push_back(classify(t));
-        if (random) {
-          arguments_.push_back(t);
-        }
-        described_arguments_.emplace_back(at::Tensor());
+        described_arguments_.emplace_back(at::Tensor());  // without map_tensors' copy
         continue;
       }
       if (!argument.isList() || is_private_list_of_no_tensors(argument)) {
         described_arguments_.push_back(argument);  // holds no tensor
         continue;
       }
-      described_arguments_.push_back(map_tensors(argument, [&](const at::Tensor& t) {
-        described_inputs_.push_back(classify(t));
-        if (random) {
-          arguments_.push_back(t);
-        }
-        return at::Tensor();
-      }));
+      described_arguments_.push_back(
+          map_tensors(argument, [](const at::Tensor&) { return at::Tensor(); }));
     }
   }
 
@@ -628,8 +723,7 @@ class Recorder {
       run_below(keys);
     } catch (c10::Error& e) {
       if (graph_ != nullptr) {
-        e.add_context("torchdefer: while recording " + c10::toString(schema_.operator_name()) +
-                      where());
+        e.add_context(while_recording(schema_, *graph_));
       }
       throw;
     }
@@ -644,8 +738,7 @@ class Recorder {
 
   // The value the fake `impl` was recorded as in this graph, or -1 (Note [Finding a fake's
   // storage]).
-  int64_t value_in_graph(const FakeTensorImpl& impl) const {
-    const RecordedFake* rec = recorded(impl);
+  int64_t value_in_graph(const RecordedFake* rec) const {
     return rec != nullptr && rec->graph == graph_ ? rec->value : -1;
   }
 
@@ -668,7 +761,8 @@ class Recorder {
     // graph's lock itself: it comes before the lock (Note [Recording an op]).
     std::optional<RecordedDraws> draws;
     if (facts_.random) {
-      const at::Tensor& target = written_.empty() ? first_fake(fake_outputs) : written_.front();
+      const at::Tensor& target =
+          written_.empty() ? first_fake(fake_outputs) : written_.front().tensor;
       draws = detail::place_random_node(graph_owner(), described_node(), target, arguments_,
                                         tls_graph != nullptr);
     }
@@ -678,9 +772,8 @@ class Recorder {
     const int64_t index = graph_->next_node();
     // Writes first: an in-place op on a fake this graph did not create returns that fake, which
     // must not become a value created by this node (its storage has no recorded origin).
-    for (const at::Tensor& t : written_) {
-      const FakeTensorImpl& impl = *fake_impl(t);
-      graph_->add_write(index, impl, value_in_graph(impl));
+    for (const WrittenFake& written : written_) {
+      graph_->add_write(index, *written.fake, value_in_graph(written.recorded));
     }
     c10::SmallVector<int64_t, 2> outputs;
     for (const at::Tensor* t : fake_outputs) {
@@ -689,20 +782,17 @@ class Recorder {
         continue;
       }
       FakeTensorImpl* impl = fake_impl(*t);
-      const int64_t known = value_in_graph(*impl);
+      const int64_t known = value_in_graph(recorded(*impl));
       if (known >= 0 && still_views(*graph_, known, *impl, *t)) {
         outputs.push_back(known);  // Note [An output that is its input's value]
         continue;
       }
-      const int64_t value = graph_->add_output(index, *impl, *t, known);
-      // Note [Annotations live in the graph]
-      impl->set_annotation(
-          std::shared_ptr<const FakeAnnotation>(owner, &graph_->annotation(value)));
-      impl->include_dispatch_key(kDeferredInitKey);
-      outputs.push_back(value);
+      outputs.push_back(add_recorded_output(*graph_, owner, index, *impl, *t, known));
     }
     graph_->add_node(op_, described_arguments_, described_inputs_, outputs, ambient_);
-    remember_real_reads(index);
+    if (has_real_) {
+      remember_real_reads(index);
+    }
     if (draws) {
       graph_->set_draws(index, std::move(*draws));
     }
@@ -723,38 +813,6 @@ class Recorder {
     }
   }
 
-  // Note [An output that is its input's value]
-  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // An in-place op returns the fake it wrote, seen as before: the same storage through the same
-  // geometry. A value is a view of a storage, not a version of it (Note [The op graph]): replay
-  // reads a storage as the nodes recorded before the reader left it. So an output fake that this
-  // graph recorded before and that still views its value's storage exactly as that value does
-  // keeps the value, with no new value or annotation: the common case of initialization, where
-  // every weight is written four or five times in place. An op that changed the fake's geometry
-  // (t_, resize_, as_strided_, set_) makes a new value, as every other output.
-  static bool still_views(const OpGraph& graph, int64_t known, const FakeTensorImpl& impl,
-                          const at::Tensor& fake) {
-    const RecordedValue& value = graph.values()[known];
-    return graph.storages()[value.storage].identity.unsafeGetStorageImpl() ==
-               impl.storage_identity() &&
-           fake.storage_offset() == value.storage_offset && fake.scalar_type() == value.dtype &&
-           fake.device() == value.device && same(fake.sizes(), value.sizes) &&
-           same(fake.strides(), value.strides);
-  }
-
-  // IntArrayRef's == calls memcmp, a visible cost for the two or three sizes most tensors have.
-  static bool same(c10::IntArrayRef a, c10::ArrayRef<int64_t> b) {
-    if (a.size() != b.size()) {
-      return false;
-    }
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (a[i] != b[i]) {
-        return false;
-      }
-    }
-    return true;
-  }
-
   static const at::Tensor& first_fake(c10::ArrayRef<const at::Tensor*> tensors) {
     return **std::find_if(tensors.begin(), tensors.end(),
                           [](const at::Tensor* t) { return t != nullptr; });
@@ -773,12 +831,147 @@ class Recorder {
   c10::SmallVector<c10::IValue, 8> described_arguments_;
   c10::SmallVector<RecordedInput, 4> described_inputs_;
   AmbientState ambient_;
-  c10::SmallVector<at::Tensor, 2> written_;  // the fakes the call writes, in map_tensors order
-  std::vector<at::Tensor> written_real_;
+  // The call's tensor arguments (map_tensors order), as scan_arguments() found them.
+  c10::SmallVector<SeenTensor, 4> seen_;
+  c10::SmallVector<WrittenFake, 2> written_;  // the fakes the call writes, in map_tensors order
+  c10::SmallVector<at::Tensor, 1> written_real_;
   std::vector<at::Tensor> arguments_;  // a random op's tensor arguments, in input order
   bool has_fake_ = false;
   bool has_tensor_ = false;
-  size_t tensors_ = 0;  // tensor arguments, undefined ones included (map_tensors order)
+  bool has_real_ = false;  // a defined tensor that is no fake
+};
+
+// Note [The common call]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Nearly every call of a model's construction is a factory (empty, zeros) or an in-place
+// initialization (uniform_, normal_, mul_, clamp_), made inside a RecordingScope with fakes of
+// that recording as its only tensors. The Recorder's general path asks every call what only rare
+// calls need (real tensors read or written, values read, fakes of another recording, calls after
+// deferred_init returned, composite ops, bit views), each a walk over the arguments or a look at
+// the thread's state, and those walks were most of what recording added to a FakeMode
+// construction (docs/results.md). So a call at the Fake key, on a thread with a RecordingScope
+// open, whose operator has none of the rare traits and a simple shape (OperatorFacts::common), is
+// first described by CommonCall in one walk that checks as it goes that every tensor is absent
+// or a fake of that recording. The first one that is not abandons the description, and the call
+// goes the general way with nothing done. A described call is recorded exactly as the general
+// path records it: the same node, writes, values and annotations.
+class CommonCall {
+ public:
+  CommonCall(const c10::OperatorHandle& op, const OperatorFacts& facts, torch::jit::Stack& stack,
+             OpGraph& graph)
+      : op_(op), facts_(facts), stack_(stack), graph_(graph) {}
+
+  // Describes the call; false, with nothing else done, when it is not a common one.
+  bool describe() {
+    const size_t count = facts_.written.size();
+    const size_t first = stack_.size() - count;
+    for (size_t i = 0; i < count; ++i) {
+      const c10::IValue& argument = stack_[first + i];
+      if (argument.isTensor()) {
+        if (!describe_tensor(argument.toTensor(), facts_.written[i] != 0)) {
+          return false;
+        }
+        continue;
+      }
+      if (argument.isList() && !is_private_list_of_no_tensors(argument)) {
+        return false;  // a tensor list, or a list someone else holds (Recorder::describe_call)
+      }
+      arguments_.push_back(argument);
+    }
+    ambient_ = AmbientState::current();
+    return true;
+  }
+
+  void run(c10::DispatchKeySet keys) {
+    {
+      c10::impl::ExcludeDispatchKeyGuard no_recording(kDeferredInitKey);
+      BelowRecordedCall below;
+      try {
+        detail::fake_fallback(op_, keys, &stack_);
+      } catch (c10::Error& e) {
+        e.add_context(while_recording(op_.schema(), graph_));
+        throw;
+      }
+    }
+    record();
+  }
+
+ private:
+  bool describe_tensor(const at::Tensor& t, bool written) {
+    RecordedInput& input = inputs_.emplace_back();
+    arguments_.emplace_back(at::Tensor());
+    if (facts_.random) {
+      random_tensors_.push_back(t);
+    }
+    if (!t.defined()) {
+      return true;
+    }
+    FakeTensorImpl* fake = fake_impl(t);
+    const RecordedFake* rec = fake != nullptr ? recorded(*fake) : nullptr;
+    if (rec == nullptr || rec->graph != &graph_) {
+      return false;
+    }
+    input.kind = RecordedInput::Kind::kValue;
+    input.value = rec->value;
+    if (written) {
+      written_ = t;  // held: the call may pop the only reference to it
+      written_value_ = rec->value;
+    }
+    return true;
+  }
+
+  void record() {
+    const bool returns_tensor = !op_.schema().returns().empty();
+    const at::Tensor* output = returns_tensor ? &stack_.back().toTensor() : nullptr;
+    FakeTensorImpl* output_fake = output != nullptr ? fake_impl(*output) : nullptr;
+    FakeTensorImpl* written_fake = written_.defined() ? fake_impl(written_) : nullptr;
+    if (output_fake == nullptr && written_fake == nullptr) {
+      return;
+    }
+    const std::shared_ptr<OpGraph>& owner = tls_graph;
+    std::optional<RecordedDraws> draws;
+    if (facts_.random) {
+      // Before the lock, which placing may take (Note [Recording an op]).
+      draws = detail::place_random_node(
+          owner, RecordedNode{op_, arguments_, inputs_, {}, std::nullopt, ambient_},
+          written_fake != nullptr ? written_ : *output, random_tensors_, true);
+    }
+    const auto lock = graph_.lock();
+    const int64_t index = graph_.next_node();
+    if (written_fake != nullptr) {
+      graph_.add_write(index, *written_fake, written_value_);
+    }
+    c10::SmallVector<int64_t, 1> outputs;
+    if (returns_tensor) {
+      outputs.push_back(output_fake != nullptr ? output_value(index, *output_fake, *output, owner)
+                                               : -1);
+    }
+    graph_.add_node(op_, arguments_, inputs_, outputs, ambient_);
+    if (draws) {
+      graph_.set_draws(index, std::move(*draws));
+    }
+  }
+
+  int64_t output_value(int64_t index, FakeTensorImpl& fake, const at::Tensor& t,
+                       const std::shared_ptr<OpGraph>& owner) {
+    const RecordedFake* rec = recorded(fake);
+    const int64_t known = rec != nullptr && rec->graph == &graph_ ? rec->value : -1;
+    if (known >= 0 && still_views(graph_, known, fake, t)) {
+      return known;  // Note [An output that is its input's value]
+    }
+    return add_recorded_output(graph_, owner, index, fake, t, known);
+  }
+
+  const c10::OperatorHandle& op_;
+  const OperatorFacts& facts_;
+  torch::jit::Stack& stack_;
+  OpGraph& graph_;  // the recording in progress on this thread
+  c10::SmallVector<c10::IValue, 6> arguments_;
+  c10::SmallVector<RecordedInput, 2> inputs_;
+  AmbientState ambient_;
+  at::Tensor written_;  // the written argument, if any
+  int64_t written_value_ = -1;
+  std::vector<at::Tensor> random_tensors_;  // a random op's tensor arguments, in input order
 };
 
 // Whether a tensor argument of the call on `stack` is a recorded fake (they carry the key).
@@ -837,7 +1030,7 @@ namespace detail {
 
 void deferred_init_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                             torch::jit::Stack* stack) {
-  Recorder(op, stack, Position::kAboveAutograd).run(keys);
+  Recorder(op, facts_of(op), stack, Position::kAboveAutograd).run(keys);
 }
 
 void recording_fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
@@ -846,7 +1039,15 @@ void recording_fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet 
     fake_fallback(op, keys, stack);
     return;
   }
-  Recorder(op, stack, Position::kAtFakeKey).run(keys);
+  const OperatorFacts& facts = facts_of(op);
+  if (facts.common && tls_graph != nullptr) {
+    CommonCall call(op, facts, *stack, *tls_graph);
+    if (call.describe()) {
+      call.run(keys);
+      return;
+    }
+  }
+  Recorder(op, facts, stack, Position::kAtFakeKey).run(keys);
 }
 
 void install_value_reader(const ValueReader& reader) {
