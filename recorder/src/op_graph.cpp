@@ -3,13 +3,26 @@
 #include <torchdefer/rng_anchors.h>
 
 #include <atomic>
+#include <mutex>
 #include <typeinfo>
+#include <unordered_set>
 
 namespace torchdefer {
 namespace {
 
-std::atomic<int64_t> live_nodes{0};
 std::atomic<int64_t> live_graphs{0};
+
+// The graphs alive, for live_recorded_nodes(): a count per node appended would be an atomic
+// operation on every recorded call, for a number only tests ask. Never destroyed: graphs held by
+// thread_local or static objects can die at exit after function statics.
+struct LiveGraphs {
+  std::mutex mutex;
+  std::unordered_set<OpGraph*> graphs;
+};
+LiveGraphs& live_graph_list() {
+  static auto* const list = new LiveGraphs();
+  return *list;
+}
 
 }  // namespace
 
@@ -19,11 +32,16 @@ OpGraph::OpGraph(std::string context, std::shared_future<uint64_t> counter_seed,
       counter_seed_(std::move(counter_seed)),
       exact_generator_(exact_generator) {
   live_graphs.fetch_add(1, std::memory_order_relaxed);
+  LiveGraphs& list = live_graph_list();
+  const std::lock_guard<std::mutex> lock(list.mutex);
+  list.graphs.insert(this);
 }
 
 OpGraph::~OpGraph() {
-  live_nodes -= static_cast<int64_t>(nodes_.size());
   live_graphs.fetch_sub(1, std::memory_order_relaxed);
+  LiveGraphs& list = live_graph_list();
+  const std::lock_guard<std::mutex> lock(list.mutex);
+  list.graphs.erase(this);
 }
 
 int64_t OpGraph::add_node(const c10::OperatorHandle& op,
@@ -32,7 +50,6 @@ int64_t OpGraph::add_node(const c10::OperatorHandle& op,
                           c10::SmallVectorImpl<int64_t>& outputs, AmbientState ambient) {
   nodes_.emplace_back(op, arguments_.take(arguments), inputs_.take(inputs), outputs_.take(outputs),
                       std::nullopt, ambient);
-  ++live_nodes;
   return static_cast<int64_t>(nodes_.size()) - 1;
 }
 
@@ -97,7 +114,7 @@ int64_t OpGraph::add_output(int64_t node, const FakeTensorImpl& impl, const at::
   return index;
 }
 
-void OpGraph::add_write(int64_t node, const FakeTensorImpl& impl, int64_t known) {
+int64_t OpGraph::add_write(int64_t node, const FakeTensorImpl& impl, int64_t known) {
   int64_t storage = known_storage(impl, known);
   if (storage < 0) {
     storage = indexed_storage(impl.storage_identity());
@@ -105,10 +122,10 @@ void OpGraph::add_write(int64_t node, const FakeTensorImpl& impl, int64_t known)
   if (storage < 0) {
     // A fake this graph never saw (made under a plain FakeMode, or by another deferred_init):
     // the write is remembered, with no creator, so that replay can say why it cannot proceed.
-    append_storage(impl, -1, -1, node);
-    return;
+    return append_storage(impl, -1, -1, node);
   }
   add_writer(storage, node);
+  return storage;
 }
 
 void OpGraph::add_writer(int64_t storage, int64_t node) {
@@ -144,7 +161,16 @@ const RecordedFake* recorded(const FakeTensorImpl& impl) {
              : nullptr;
 }
 
-int64_t detail::live_recorded_nodes() { return live_nodes.load(); }
+int64_t detail::live_recorded_nodes() {
+  LiveGraphs& list = live_graph_list();
+  const std::lock_guard<std::mutex> list_lock(list.mutex);
+  int64_t nodes = 0;
+  for (OpGraph* graph : list.graphs) {
+    const auto lock = graph->lock();
+    nodes += static_cast<int64_t>(graph->nodes().size());
+  }
+  return nodes;
+}
 
 bool detail::any_recording_alive() { return live_graphs.load(std::memory_order_relaxed) != 0; }
 

@@ -361,7 +361,7 @@ bool is_private_list_of_no_tensors(const c10::IValue& argument) {
 }
 
 // IntArrayRef's == calls memcmp, a visible cost for the two or three sizes most tensors have.
-bool same(c10::IntArrayRef a, c10::ArrayRef<int64_t> b) {
+inline bool same(c10::IntArrayRef a, c10::ArrayRef<int64_t> b) {
   if (a.size() != b.size()) {
     return false;
   }
@@ -382,14 +382,20 @@ bool same(c10::IntArrayRef a, c10::ArrayRef<int64_t> b) {
 // keeps the value, with no new value or annotation: the common case of initialization, where
 // every weight is written four or five times in place. An op that changed the fake's geometry
 // (t_, resize_, as_strided_, set_) makes a new value, as every other output.
+// Whether `fake` views the storage of value `value` through the same geometry; the storage is the
+// caller's to check.
+inline bool same_geometry(const RecordedValue& value, const at::Tensor& fake) {
+  return fake.storage_offset() == value.storage_offset && fake.scalar_type() == value.dtype &&
+         fake.device() == value.device && same(fake.sizes(), value.sizes) &&
+         same(fake.strides(), value.strides);
+}
+
 bool still_views(const OpGraph& graph, int64_t known, const FakeTensorImpl& impl,
                  const at::Tensor& fake) {
   const RecordedValue& value = graph.values()[known];
   return graph.storages()[value.storage].identity.unsafeGetStorageImpl() ==
              impl.storage_identity() &&
-         fake.storage_offset() == value.storage_offset && fake.scalar_type() == value.dtype &&
-         fake.device() == value.device && same(fake.sizes(), value.sizes) &&
-         same(fake.strides(), value.strides);
+         same_geometry(value, fake);
 }
 
 // Appends the fake `t` (whose FakeTensorImpl is `impl`) as an output of node `index` and
@@ -915,6 +921,7 @@ class CommonCall {
     input.value = rec->value;
     if (written) {
       written_ = t;  // held: the call may pop the only reference to it
+      written_fake_ = fake;
       written_value_ = rec->value;
     }
     return true;
@@ -923,8 +930,13 @@ class CommonCall {
   void record() {
     const bool returns_tensor = !op_.schema().returns().empty();
     const at::Tensor* output = returns_tensor ? &stack_.back().toTensor() : nullptr;
-    FakeTensorImpl* output_fake = output != nullptr ? fake_impl(*output) : nullptr;
-    FakeTensorImpl* written_fake = written_.defined() ? fake_impl(written_) : nullptr;
+    FakeTensorImpl* const written_fake = written_fake_;
+    // An in-place op returns the fake it wrote.
+    FakeTensorImpl* const output_fake =
+        output == nullptr ? nullptr
+        : written_fake != nullptr && output->unsafeGetTensorImpl() == written_fake
+            ? written_fake
+            : fake_impl(*output);
     if (output_fake == nullptr && written_fake == nullptr) {
       return;
     }
@@ -938,11 +950,19 @@ class CommonCall {
     }
     const auto lock = graph_.lock();
     const int64_t index = graph_.next_node();
+    int64_t written_storage = -1;
     if (written_fake != nullptr) {
-      graph_.add_write(index, *written_fake, written_value_);
+      written_storage = graph_.add_write(index, *written_fake, written_value_);
     }
     c10::SmallVector<int64_t, 1> outputs;
-    if (returns_tensor) {
+    if (returns_tensor && output_fake == written_fake && written_fake != nullptr) {
+      // add_write() found the storage the fake views now: the value's, or another one.
+      const RecordedValue& value = graph_.values()[written_value_];
+      outputs.push_back(
+          value.storage == written_storage && same_geometry(value, *output)
+              ? written_value_  // Note [An output that is its input's value]
+              : add_recorded_output(graph_, owner, index, *output_fake, *output, written_value_));
+    } else if (returns_tensor) {
       outputs.push_back(output_fake != nullptr ? output_value(index, *output_fake, *output, owner)
                                                : -1);
     }
@@ -970,6 +990,7 @@ class CommonCall {
   c10::SmallVector<RecordedInput, 2> inputs_;
   AmbientState ambient_;
   at::Tensor written_;  // the written argument, if any
+  FakeTensorImpl* written_fake_ = nullptr;
   int64_t written_value_ = -1;
   std::vector<at::Tensor> random_tensors_;  // a random op's tensor arguments, in input order
 };

@@ -346,9 +346,10 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   int64_t add_output(int64_t node, const FakeTensorImpl& impl, const at::Tensor& fake,
                      int64_t known = -1);
 
-  // Records that `node` wrote into the storage the fake `impl` views. `known` is the value that
-  // fake was recorded as in this graph, if it was (a hint: Note [Finding a fake's storage]).
-  void add_write(int64_t node, const FakeTensorImpl& impl, int64_t known = -1);
+  // Records that `node` wrote into the storage the fake `impl` views, and returns that storage's
+  // index. `known` is the value that fake was recorded as in this graph, if it was (a hint: Note
+  // [Finding a fake's storage]).
+  int64_t add_write(int64_t node, const FakeTensorImpl& impl, int64_t known = -1);
 
   // Replaces input `input` of `node` (in map_tensors order): the recorder swaps a real tensor it
   // held by reference for a copy of what the node read (Note [Real tensors written while
