@@ -49,7 +49,15 @@ int64_t OpGraph::add_node(const c10::OperatorHandle& op,
                           c10::SmallVectorImpl<RecordedInput>& inputs,
                           c10::SmallVectorImpl<int64_t>& outputs, AmbientState ambient) {
   nodes_.emplace_back(op, arguments_.take(arguments), inputs_.take(inputs), outputs_.take(outputs),
-                      std::nullopt, ambient);
+                      nullptr, ambient);
+  return static_cast<int64_t>(nodes_.size()) - 1;
+}
+
+int64_t OpGraph::add_described_node(const c10::OperatorHandle& op,
+                                    c10::ArrayRef<c10::IValue> arguments,
+                                    c10::ArrayRef<RecordedInput> inputs,
+                                    c10::SmallVectorImpl<int64_t>& outputs, AmbientState ambient) {
+  nodes_.emplace_back(op, arguments, inputs, outputs_.take(outputs), nullptr, ambient);
   return static_cast<int64_t>(nodes_.size()) - 1;
 }
 

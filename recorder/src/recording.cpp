@@ -385,9 +385,18 @@ inline bool same(c10::IntArrayRef a, c10::ArrayRef<int64_t> b) {
 // Whether `fake` views the storage of value `value` through the same geometry; the storage is the
 // caller's to check.
 inline bool same_geometry(const RecordedValue& value, const at::Tensor& fake) {
+  const c10::IntArrayRef sizes = fake.sizes();
+  const c10::IntArrayRef strides = fake.strides();
+  if (sizes.size() != value.sizes.size()) {
+    return false;
+  }
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] != value.sizes[d] || strides[d] != value.strides[d]) {
+      return false;
+    }
+  }
   return fake.storage_offset() == value.storage_offset && fake.scalar_type() == value.dtype &&
-         fake.device() == value.device && same(fake.sizes(), value.sizes) &&
-         same(fake.strides(), value.strides);
+         fake.device() == value.device;
 }
 
 bool still_views(const OpGraph& graph, int64_t known, const FakeTensorImpl& impl,
@@ -686,7 +695,7 @@ class Recorder {
   // The call describe_call() saw, as a node not yet in the graph (a view of this recorder's
   // buffers).
   RecordedNode described_node() const {
-    return RecordedNode{op_, described_arguments_, described_inputs_, {}, std::nullopt, ambient_};
+    return RecordedNode{op_, described_arguments_, described_inputs_, {}, nullptr, ambient_};
   }
 
   // The graph's owner: the recording in progress, or the one that recorded the fakes of a call
@@ -866,11 +875,23 @@ class CommonCall {
   CommonCall(const c10::OperatorHandle& op, const OperatorFacts& facts, torch::jit::Stack& stack,
              OpGraph& graph)
       : op_(op), facts_(facts), stack_(stack), graph_(graph) {}
+  CommonCall(const CommonCall&) = delete;
+  CommonCall& operator=(const CommonCall&) = delete;
+  // A description no node took is destroyed where it was constructed.
+  ~CommonCall() {
+    if (!kept_) {
+      std::destroy_n(arguments_, argument_count_);
+      std::destroy_n(inputs_, input_count_);
+    }
+  }
 
-  // Describes the call; false, with nothing else done, when it is not a common one.
+  // Describes the call in the graph's own lists (Note [A recording's own lists]); false, with
+  // nothing else done, when it is not a common one.
   bool describe() {
     const size_t count = facts_.written.size();
     const size_t first = stack_.size() - count;
+    arguments_ = graph_.own_arguments().room_for(count);
+    inputs_ = graph_.own_inputs().room_for(count);  // a tensor list is no common call
     for (size_t i = 0; i < count; ++i) {
       const c10::IValue& argument = stack_[first + i];
       if (argument.isTensor()) {
@@ -882,7 +903,7 @@ class CommonCall {
       if (argument.isList() && !is_private_list_of_no_tensors(argument)) {
         return false;  // a tensor list, or a list someone else holds (Recorder::describe_call)
       }
-      arguments_.push_back(argument);
+      new (arguments_ + argument_count_++) c10::IValue(argument);
     }
     ambient_ = AmbientState::current();
     return true;
@@ -904,8 +925,8 @@ class CommonCall {
 
  private:
   bool describe_tensor(const at::Tensor& t, bool written) {
-    RecordedInput& input = inputs_.emplace_back();
-    arguments_.emplace_back(at::Tensor());
+    RecordedInput& input = *new (inputs_ + input_count_++) RecordedInput();
+    new (arguments_ + argument_count_++) c10::IValue(at::Tensor());
     if (facts_.random) {
       random_tensors_.push_back(t);
     }
@@ -945,7 +966,7 @@ class CommonCall {
     if (facts_.random) {
       // Before the lock, which placing may take (Note [Recording an op]).
       draws = detail::place_random_node(
-          owner, RecordedNode{op_, arguments_, inputs_, {}, std::nullopt, ambient_},
+          owner, RecordedNode{op_, arguments(), inputs(), {}, nullptr, ambient_},
           written_fake != nullptr ? written_ : *output, random_tensors_, true);
     }
     const auto lock = graph_.lock();
@@ -966,10 +987,21 @@ class CommonCall {
       outputs.push_back(output_fake != nullptr ? output_value(index, *output_fake, *output, owner)
                                                : -1);
     }
-    graph_.add_node(op_, arguments_, inputs_, outputs, ambient_);
+    graph_.add_described_node(op_, arguments(), inputs(), outputs, ambient_);
+    graph_.own_arguments().keep(arguments_ + argument_count_);
+    graph_.own_inputs().keep(inputs_ + input_count_);
+    kept_ = true;
     if (draws) {
       graph_.set_draws(index, std::move(*draws));
     }
+  }
+
+  // Not `return {pointer, count}`: that would be an initializer list of two IValues.
+  c10::ArrayRef<c10::IValue> arguments() const {
+    return c10::ArrayRef<c10::IValue>(arguments_, argument_count_);
+  }
+  c10::ArrayRef<RecordedInput> inputs() const {
+    return c10::ArrayRef<RecordedInput>(inputs_, input_count_);
   }
 
   int64_t output_value(int64_t index, FakeTensorImpl& fake, const at::Tensor& t,
@@ -986,8 +1018,12 @@ class CommonCall {
   const OperatorFacts& facts_;
   torch::jit::Stack& stack_;
   OpGraph& graph_;  // the recording in progress on this thread
-  c10::SmallVector<c10::IValue, 6> arguments_;
-  c10::SmallVector<RecordedInput, 2> inputs_;
+  // The description, constructed at the end of the graph's own lists.
+  c10::IValue* arguments_ = nullptr;
+  size_t argument_count_ = 0;
+  RecordedInput* inputs_ = nullptr;
+  size_t input_count_ = 0;
+  bool kept_ = false;  // a node took it
   AmbientState ambient_;
   at::Tensor written_;  // the written argument, if any
   FakeTensorImpl* written_fake_ = nullptr;

@@ -81,7 +81,7 @@ TwoRandomOps two_random_ops(const std::function<void()>& between) {
 std::vector<int64_t> anchors_of_random_ops(const OpGraph& graph) {
   std::vector<int64_t> anchors;
   for (size_t i = 0; i < graph.nodes().size(); ++i) {
-    if (const std::optional<RecordedDraws>& draws = graph.nodes()[i].draws) {
+    if (const RecordedDraws* draws = graph.nodes()[i].draws) {
       anchors.push_back(draws->anchor);
     }
   }

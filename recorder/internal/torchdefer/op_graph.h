@@ -218,12 +218,18 @@ class ListArena {
   template <typename Range>
   c10::ArrayRef<T> take(Range& elements) {
     T* const first = reserve(elements.size());
+    T* place = first;  // a local: the moves could alias a member as far as the compiler knows
     for (auto& element : elements) {
-      new (next_) T(std::move(element));
-      ++next_;
+      new (place++) T(std::move(element));
     }
-    return c10::ArrayRef<T>(first, next_ - first);
+    next_ = place;
+    return c10::ArrayRef<T>(first, place - first);
   }
+
+  // Room for `n` more elements at the arena's end, for its one writer to construct them in place
+  // and then keep them (keep(), with the end of what it constructed) or destroy them itself.
+  T* room_for(size_t n) { return reserve(n); }
+  void keep(T* end) { next_ = end; }
 
   // Copies `first` and then `second` into the arena, contiguously, and returns where each now is.
   std::pair<c10::ArrayRef<T>, c10::ArrayRef<T>> copy(c10::ArrayRef<T> first,
@@ -285,8 +291,10 @@ struct RecordedNode {
   c10::ArrayRef<c10::IValue> arguments;  // tensors replaced by undefined placeholders
   c10::ArrayRef<RecordedInput> inputs;   // the tensors of `arguments`, in map_tensors order
   c10::ArrayRef<int64_t> outputs;        // a value per output tensor (map_tensors order), or -1
-  std::optional<RecordedDraws> draws;    // set for random ops
-  AmbientState ambient;                  // Note [Ambient state is part of the recording]
+  // Set for random ops, into the graph's list of draws: a third of a model's calls at most, and
+  // inline it made every node 56 bytes larger, memory that recording writes for every call.
+  const RecordedDraws* draws = nullptr;
+  AmbientState ambient;  // Note [Ambient state is part of the recording]
 };
 
 struct RngAnchor;
@@ -339,6 +347,23 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
                    c10::SmallVectorImpl<RecordedInput>& inputs,
                    c10::SmallVectorImpl<int64_t>& outputs, AmbientState ambient);
 
+  // Note [A recording's own lists]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // The thread inside this graph's RecordingScope describes its common calls (Note [The common
+  // call] in recording.cpp) straight into arenas that only it writes: a call's arguments and
+  // inputs are constructed where its node will view them, before the call runs and without the
+  // lock, and the node is then appended under the lock as any other (add_described_node()).
+  // Describing into buffers of the recorder's own and moving them into the graph was a visible
+  // share of recording. Readers read only the nodes appended so far, never an arena's own state,
+  // so constructing at an arena's end needs no lock with a single writer.
+  ListArena<c10::IValue>& own_arguments() { return own_arguments_; }
+  ListArena<RecordedInput>& own_inputs() { return own_inputs_; }
+  // Appends a node whose arguments and inputs are already where own_arguments() and own_inputs()
+  // keep them; its outputs are moved into the graph.
+  int64_t add_described_node(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+                             c10::ArrayRef<RecordedInput> inputs,
+                             c10::SmallVectorImpl<int64_t>& outputs, AmbientState ambient);
+
   // Records output `fake` (whose FakeTensorImpl is `impl`) of node `node`: finds or creates its
   // storage (created by `node` if the graph has not seen it) and returns the new value's index,
   // whose annotation is annotation(). `known` is the value `fake` was recorded as in this graph
@@ -369,7 +394,7 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   int64_t add_rng_anchor(std::shared_ptr<RngAnchor> anchor);
   void set_draws(int64_t node, RecordedDraws draws) {
     draws.stream = random_ops_++;
-    nodes_[node].draws = std::move(draws);
+    nodes_[node].draws = &draws_.emplace_back(std::move(draws));
   }
 
   // The counter RNG seed: a digest of the default generator's state when recording began.
@@ -401,10 +426,13 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   StableVector<RecordedValue> values_;
   StableVector<RecordedStorage> storages_;
   StableVector<RecordedFake> annotations_;  // one per value
+  StableVector<RecordedDraws> draws_;       // what random nodes point to
   ListArena<c10::IValue> arguments_;
   ListArena<RecordedInput> inputs_;
   ListArena<int64_t> outputs_;
-  ListArena<int64_t> geometry_;  // every value's sizes and strides
+  ListArena<int64_t> geometry_;           // every value's sizes and strides
+  ListArena<c10::IValue> own_arguments_;  // Note [A recording's own lists]
+  ListArena<RecordedInput> own_inputs_;
   // Per storage, what set_real_storage() recorded.
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> real_storages_;
   // Open addressing, keyed by identity: storages_[0, indexed_storages_), filled when a lookup needs
