@@ -82,8 +82,9 @@ DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Te
 // was called with, in input order), on the current thread's generator chain and advances the chain
 // by its draws; runs it on scratch first when the plan says so, or places a lazy anchor after it
 // when its draws depend on values. Call without holding the graph's lock. `tensors` is taken by
-// reference: by value it is a seventh argument register, which x86-64 passes on the stack, and the
-// recorder's caller then kept a frame pointer, ~34 instructions more per recorded call (callgrind).
+// reference: by value it takes two argument registers, x86-64 then passes the seventh argument on
+// the stack, and the recorder's caller kept a frame pointer, ~34 instructions more per recorded
+// call (callgrind).
 RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
                                 const at::Tensor& target, const c10::ArrayRef<at::Tensor>& tensors,
                                 bool in_recording_scope);
