@@ -44,14 +44,14 @@ struct Chain {
   // The anchor is lazy or continues from one (Note [Lazy RNG anchors]): the draws cannot be
   // applied until it is resolved, and the chain ends as the owed generator.
   bool lazy = false;
+  // The default generator, a CPUGeneratorImpl by construction that lives as long as the process
+  // (Note [Reaching the chain]).
+  at::CPUGeneratorImpl* generator =
+      at::detail::getDefaultCPUGenerator().get<at::CPUGeneratorImpl>();
 };
 
-// Reached through a reference taken once per call: every access to a thread_local with a
-// constructor goes through its initialization check.
-thread_local Chain this_thread_chain;
-
 // The default generator is a CPUGeneratorImpl by construction: no reference count taken, no
-// device check (every random op recorded pays this).
+// device check.
 template <typename F>
 auto with_default_generator(F&& f) {
   const at::Generator& generator = at::detail::getDefaultCPUGenerator();
@@ -87,8 +87,7 @@ const at::mt19937& expected_engine(Chain& chain) {
 // Applies the chain's unapplied draws, unless someone moved the generator in the meantime (a
 // reseed makes them moot, as it would have in eager). In the background, the chain's `expected`
 // is not known afterwards: only for a chain that ends.
-void apply_unapplied(Apply how = Apply::kNow) {
-  Chain& chain = this_thread_chain;
+void apply_unapplied(Chain& chain, Apply how = Apply::kNow) {
   if (chain.unapplied == 0) {
     return;
   }
@@ -115,7 +114,7 @@ void apply_unapplied(Apply how = Apply::kNow) {
   chain.unapplied = 0;
 }
 
-void settle_chain(Apply how);
+void settle_chain(Chain& chain, Apply how);
 
 // Note [Noticing a moved generator]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -139,28 +138,39 @@ void settle_chain(Apply how);
 // fields decide, and the chain keeps the generator's bytes, so an equal state is never taken for
 // a move. Per random op of a Llama-70B construction (callgrind): the copy ~320 instructions, the
 // comparison ~360; the field-wise comparison of two data() copies it replaced cost ~1,040.
+//
+// Nothing that reads less is exact. The generator keeps no count of its changes (c10::
+// GeneratorImpl and CPUGeneratorImpl, LibTorch 2.11 and 2.13); what it shows besides the engine is
+// its seed (current_seed(), a field of the engine) and its cached normal samples, which
+// set_engine() and direct draws leave as they were; and set_engine() can set an engine that
+// differs from the one the chain left in one word only. The copy is made holding the generator's
+// mutex, as every reader of the engine must (a kernel on another thread may be drawing): ~57
+// instructions more per op, which no lock-free read could save without racing that kernel.
 static_assert(std::is_trivially_copyable_v<at::mt19937>);
 
 bool same_bytes(const at::mt19937& a, const at::mt19937& b) {
   return std::memcmp(&a, &b, sizeof(at::mt19937)) == 0;
 }
 
-bool generator_moved(Chain& chain) {
-  if (chain.after_jump != nullptr && chain.after_jump->held()) {
-    return false;  // nobody can have moved it: the worker holds it
+// Bytes differ: whether the fields do too; if not, the chain keeps the generator's bytes.
+C10_NOINLINE bool moved_unless_same_fields(Chain& chain, const at::mt19937& now) {
+  if (!same_engine(now.data(), chain.expected.data())) {
+    return true;
   }
-  const at::mt19937& expected = expected_engine(chain);
-  return with_default_generator([&](const at::Generator&, at::CPUGeneratorImpl* impl) {
-    const at::mt19937 now = impl->engine();
-    if (same_bytes(now, expected)) {
-      return false;
+  chain.expected = now;
+  return false;
+}
+
+C10_ALWAYS_INLINE bool generator_moved(Chain& chain) {
+  if (C10_UNLIKELY(chain.after_jump != nullptr)) {
+    if (chain.after_jump->held()) {
+      return false;  // nobody can have moved it: the worker holds it
     }
-    if (!same_engine(now.data(), expected.data())) {
-      return true;
-    }
-    chain.expected = now;
-    return false;
-  });
+    expected_engine(chain);
+  }
+  const std::lock_guard<std::mutex> lock(chain.generator->mutex_);
+  const at::mt19937 now = chain.generator->engine();
+  return !same_bytes(now, chain.expected) && moved_unless_same_fields(chain, now);
 }
 
 // The state where a jump leaves the generator, when first needed.
@@ -168,8 +178,7 @@ std::shared_future<at::Tensor> state_after(const std::shared_ptr<const JumpEnd>&
   return std::async(std::launch::deferred, [jump] { return jump->state(); }).share();
 }
 
-int64_t anchor_here(OpGraph& graph) {
-  Chain& chain = this_thread_chain;
+int64_t anchor_here(Chain& chain, OpGraph& graph) {
   if (std::shared_ptr<const JumpEnd> jump = held_jump()) {
     chain.after_jump = jump;
     const auto lock = graph.lock();
@@ -240,11 +249,11 @@ std::optional<c10::ScalarType> tensor_argument_dtype(const OpGraph& graph, const
   return dtype;
 }
 
-// What plan_draws() reads of a random operator on every call: its op table entry and where its
-// `generator` argument is (Note [Knowing a random operator]).
+// What plan_draws() reads of a random operator on every call (Note [Knowing a random operator]).
 struct RandomOperator {
-  const OpInfo* info = nullptr;
-  std::optional<size_t> generator;  // the index of the `generator` argument
+  DrawRule rule = DrawRule::kOnScratch;  // its op table DrawRule; kOnScratch if the table has none
+  bool from_to = false;                  // kRandom: its bounds are `from`/`to`, not `low`/`high`
+  int32_t generator = -1;                // the index of its `generator` argument, or -1
 };
 
 // Note [Knowing a random operator]
@@ -252,57 +261,120 @@ struct RandomOperator {
 // A random operator's facts are found once per operator and thread, keyed by the address of its
 // schema and forgotten when an operator was deregistered since (Note [Operators known by their
 // schema's address], deregistrations.h): a call costs a comparison with the last operator asked
-// about (a model's random ops are mostly one uniform_) or a hash lookup, and one atomic load.
+// about (a model's random ops are mostly one uniform_) and one atomic load, or else a hash lookup.
+// The last operator sits in a trivially constructible thread_local (Note [Reaching the chain]);
+// the table behind it only on the path that misses it.
 RandomOperator describe_random_operator(const c10::FunctionSchema& schema) {
-  RandomOperator op{find_op_info(schema.operator_name()), std::nullopt};
+  RandomOperator op;
+  const OpInfo* info = find_op_info(schema.operator_name());
+  if (info != nullptr && info->draws) {
+    op.rule = *info->draws;
+  }
+  op.from_to = schema.name() == "aten::random_";
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     if (schema.arguments()[i].name() == "generator") {
-      op.generator = i;
+      op.generator = static_cast<int32_t>(i);
       break;
     }
   }
   return op;
 }
 
-// By value: the op may run on scratch, and record random ops of its own, while its caller uses it.
-RandomOperator random_operator(const c10::FunctionSchema& schema) {
-  struct Known {
-    uint64_t deregistrations = 0;
-    ska::flat_hash_map<const c10::FunctionSchema*, RandomOperator> operators;
-    const c10::FunctionSchema* last_schema = nullptr;
-    RandomOperator last;
-  };
-  thread_local Known known;
-  const uint64_t now = deregistrations_so_far();
-  if (known.deregistrations != now) {
-    known.operators.clear();
-    known.last_schema = nullptr;
-    known.deregistrations = now;
-  }
-  if (known.last_schema != &schema) {
-    auto found = known.operators.find(&schema);
-    if (found == known.operators.end()) {
-      found = known.operators.emplace(&schema, describe_random_operator(schema)).first;
-    }
-    known.last_schema = &schema;
-    known.last = found->second;
-  }
-  return known.last;
+struct LastRandomOperator {
+  const c10::FunctionSchema* schema = nullptr;
+  uint64_t deregistrations = 0;
+  RandomOperator facts;
+};
+
+// Note [Reaching the chain]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every random op recorded reads the facts of the last random operator, the thread's chain and
+// the default generator. A thread_local with a constructor or a destructor (the Chain, the table
+// of operators) is reached through a call that checks its initialization on every access, and
+// every thread_local of a shared library through a call to __tls_get_addr: so a random op reaches
+// one thread_local that is initialized at compile time and never destroyed, which holds the last
+// operator and a pointer to the Chain (made when the thread first asks), and the Chain keeps the
+// default generator's implementation, whose address never changes (no reference count taken, no
+// guard of a function-local static read).
+struct ThreadRng {
+  LastRandomOperator last_operator;
+  Chain* chain = nullptr;
+};
+static_assert(std::is_trivially_destructible_v<ThreadRng>);
+
+thread_local ThreadRng this_thread_rng;
+
+C10_NOINLINE Chain& make_chain(ThreadRng& rng) {
+  thread_local Chain chain;
+  rng.chain = &chain;
+  return chain;
 }
 
-DrawPlan plan_draws(const RandomOperator& op, const OpGraph& graph, const RecordedNode& node,
-                    const at::Tensor& target) {
-  const c10::FunctionSchema& schema = node.op.schema();
-  const c10::ArrayRef<c10::IValue> arguments = node.arguments;
-  const OpInfo* info = op.info;
+Chain& chain_of(ThreadRng& rng) {
+  return C10_LIKELY(rng.chain != nullptr) ? *rng.chain : make_chain(rng);
+}
+
+Chain& this_thread_chain() { return chain_of(this_thread_rng); }
+
+C10_NOINLINE RandomOperator remember_random_operator(ThreadRng& rng,
+                                                     const c10::FunctionSchema& schema,
+                                                     uint64_t deregistrations) {
+  thread_local ska::flat_hash_map<const c10::FunctionSchema*, RandomOperator> operators;
+  thread_local uint64_t operators_deregistrations = 0;
+  if (operators_deregistrations != deregistrations) {
+    operators.clear();
+    operators_deregistrations = deregistrations;
+  }
+  auto found = operators.find(&schema);
+  if (found == operators.end()) {
+    found = operators.emplace(&schema, describe_random_operator(schema)).first;
+  }
+  rng.last_operator = {&schema, deregistrations, found->second};
+  return found->second;
+}
+
+// By value: the op may run on scratch, and record random ops of its own, while its caller uses it.
+RandomOperator random_operator(ThreadRng& rng, const c10::FunctionSchema& schema) {
+  const uint64_t deregistrations = deregistrations_so_far();
+  const LastRandomOperator& last = rng.last_operator;
+  if (C10_LIKELY(last.schema == &schema && last.deregistrations == deregistrations)) {
+    return last.facts;
+  }
+  return remember_random_operator(rng, schema, deregistrations);
+}
+
+// The plans that read the op's arguments: `n` reals of `dtype` to fill.
+C10_NOINLINE DrawPlan plan_from_arguments(const RandomOperator& op, const OpGraph& graph,
+                                          const RecordedNode& node, uint64_t n,
+                                          c10::ScalarType dtype) {
+  if (op.rule == DrawRule::kRandom) {
+    const c10::FunctionSchema& schema = node.op.schema();
+    const auto high = int_argument(schema, node.arguments, op.from_to ? "to" : "high");
+    if (!op.from_to && !high) {
+      return on_scratch(/*with_values=*/true);  // its bounds are tensors
+    }
+    const auto low = int_argument(schema, node.arguments, op.from_to ? "from" : "low");
+    return known(n * random_words(low, high, dtype));
+  }
+  TORCH_INTERNAL_ASSERT(op.rule == DrawRule::kBernoulliTensor);
+  // The probabilities are `p`, or `self` for bernoulli(self).
+  const std::optional<c10::ScalarType> p = tensor_argument_dtype(graph, node, "p");
+  const c10::ScalarType probabilities =
+      p.value_or(tensor_argument_dtype(graph, node, "self").value_or(dtype));
+  return known(n * per_element(probabilities == at::kDouble));
+}
+
+// Inlined where a random op is placed (Note [Reaching the chain]).
+C10_ALWAYS_INLINE DrawPlan plan_draws(const RandomOperator& op, const OpGraph& graph,
+                                      const RecordedNode& node, const at::Tensor& target) {
   // ATen fills a complex tensor through its real view (view_as_real): two reals per element, drawn
   // as the real dtype draws. Counting elements instead left the generator short of eager's after a
   // complex randn of 16 or more elements, and every later draw differed (found by the fuzzer).
-  const bool complex = c10::isComplexType(target.scalar_type());
+  const c10::ScalarType scalar_type = target.scalar_type();
+  const bool complex = c10::isComplexType(scalar_type);
   const uint64_t n = static_cast<uint64_t>(target.numel()) * (complex ? 2 : 1);
-  const c10::ScalarType dtype =
-      complex ? c10::toRealValueType(target.scalar_type()) : target.scalar_type();
-  switch (info != nullptr && info->draws ? *info->draws : DrawRule::kOnScratch) {
+  const c10::ScalarType dtype = complex ? c10::toRealValueType(scalar_type) : scalar_type;
+  switch (op.rule) {
     case DrawRule::kOnScratch:
       return on_scratch();
     case DrawRule::kOnScratchWithValues:
@@ -318,24 +390,11 @@ DrawPlan plan_draws(const RandomOperator& op, const OpGraph& graph, const Record
         }
       }
       return on_scratch();
-    case DrawRule::kRandom: {
-      const bool random = schema.name() == "aten::random_";
-      const auto high = int_argument(schema, arguments, random ? "to" : "high");
-      if (!random && !high) {
-        return on_scratch(/*with_values=*/true);  // its bounds are tensors
-      }
-      const auto low = int_argument(schema, arguments, random ? "from" : "low");
-      return known(n * random_words(low, high, dtype));
-    }
     case DrawRule::kTwoPerElement:
       return known(2 * n);
-    case DrawRule::kBernoulliTensor: {
-      // The probabilities are `p`, or `self` for bernoulli(self).
-      const std::optional<c10::ScalarType> p = tensor_argument_dtype(graph, node, "p");
-      const c10::ScalarType probabilities =
-          p.value_or(tensor_argument_dtype(graph, node, "self").value_or(dtype));
-      return known(n * per_element(probabilities == at::kDouble));
-    }
+    case DrawRule::kRandom:
+    case DrawRule::kBernoulliTensor:
+      return plan_from_arguments(op, graph, node, n, dtype);
   }
   return on_scratch();
 }
@@ -343,7 +402,7 @@ DrawPlan plan_draws(const RandomOperator& op, const OpGraph& graph, const Record
 }  // namespace
 
 DrawPlan plan_draws(const OpGraph& graph, const RecordedNode& node, const at::Tensor& target) {
-  return plan_draws(random_operator(node.op.schema()), graph, node, target);
+  return plan_draws(random_operator(this_thread_rng, node.op.schema()), graph, node, target);
 }
 
 namespace {
@@ -362,8 +421,7 @@ at::Tensor scratch_like(const at::Tensor& t, bool with_values) {
 // Runs `node` for real on CPU scratch tensors standing in for its fakes (`tensors` are the
 // tensors it was called with, in input order), drawing from the default generator exactly as
 // eager would have.
-void run_on_scratch(const RecordedNode& node, const std::vector<at::Tensor>& tensors,
-                    bool with_values) {
+void run_on_scratch(const RecordedNode& node, c10::ArrayRef<at::Tensor> tensors, bool with_values) {
   std::vector<at::Tensor> scratch(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     scratch[i] = tensors[i].defined() && is_fake(tensors[i]) ? scratch_like(tensors[i], with_values)
@@ -379,13 +437,12 @@ void run_on_scratch(const RecordedNode& node, const std::vector<at::Tensor>& ten
 
 // Starts the chain on `graph`: from the owed generator if there is one (Note [The generator after
 // deferred_init]), else from the generator's state now.
-void start_chain(const std::shared_ptr<OpGraph>& graph) {
-  Chain& chain = this_thread_chain;
+void start_chain(Chain& chain, const std::shared_ptr<OpGraph>& graph) {
   chain = Chain{};
   chain.graph = graph;
   std::optional<GeneratorDebt> owed = take_generator_debt();
   if (!owed) {
-    chain.anchor = anchor_here(*graph);
+    chain.anchor = anchor_here(chain, *graph);
     return;
   }
   chain.lazy = true;
@@ -400,29 +457,33 @@ void start_chain(const std::shared_ptr<OpGraph>& graph) {
       graph->add_rng_anchor(RngAnchor::after(owed->anchor, owed->offset, std::nullopt, {}));
 }
 
-void continue_chain(const std::shared_ptr<OpGraph>& graph) {
-  Chain& chain = this_thread_chain;
-  if (chain.graph == graph && chain.anchor >= 0 && !generator_moved(chain)) {
+C10_NOINLINE void restart_chain(Chain& chain, const std::shared_ptr<OpGraph>& graph) {
+  settle_chain(chain, Apply::kNow);
+  start_chain(chain, graph);
+}
+
+C10_ALWAYS_INLINE void continue_chain(Chain& chain, const std::shared_ptr<OpGraph>& graph) {
+  if (C10_LIKELY(chain.graph == graph && chain.anchor >= 0 && !generator_moved(chain))) {
     return;
   }
-  settle_chain(Apply::kNow);
-  start_chain(graph);
+  restart_chain(chain, graph);
 }
 
 // Places an op of `count` draws at the chain's end.
-void place_counted(Chain& chain, uint64_t count, RecordedDraws& draws) {
+RecordedDraws placed(Chain& chain, uint64_t count) {
+  RecordedDraws draws;
   draws.kind = RecordedDraws::Kind::kPlaced;
   draws.anchor = chain.anchor;
   draws.offset = chain.offset;
   draws.draws = count;
   chain.offset += count;
   chain.unapplied += count;
+  return draws;
 }
 
 // A value-dependent sampler: placed on the chain, which continues from the lazy anchor after it.
-RecordedDraws place_sampler(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
-                            const at::Tensor& target) {
-  Chain& chain = this_thread_chain;
+RecordedDraws place_sampler(Chain& chain, const std::shared_ptr<OpGraph>& graph,
+                            const RecordedNode& node, const at::Tensor& target) {
   RecordedDraws draws;
   draws.kind = RecordedDraws::Kind::kAnchorOnly;
   draws.anchor = chain.anchor;
@@ -443,17 +504,17 @@ RecordedDraws place_sampler(const std::shared_ptr<OpGraph>& graph, const Recorde
 // than the tensor it fills: runs it on scratch now (from its inputs' values when `with_values`),
 // with the generator where eager has it, so that the chain after it is known. A chain that
 // continues from a lazy anchor is resolved and paid first (Note [Lazy RNG anchors]).
-RecordedDraws run_on_scratch_now(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
-                                 const std::vector<at::Tensor>& tensors, bool with_values) {
-  Chain& chain = this_thread_chain;
+RecordedDraws run_on_scratch_now(Chain& chain, const std::shared_ptr<OpGraph>& graph,
+                                 const RecordedNode& node, c10::ArrayRef<at::Tensor> tensors,
+                                 bool with_values) {
   if (chain.lazy) {
     settle_generator_exactly();
   } else {
-    settle_chain(Apply::kNow);
+    settle_chain(chain, Apply::kNow);
   }
   RecordedDraws draws;
   draws.kind = RecordedDraws::Kind::kAnchorOnly;
-  draws.anchor = anchor_here(*graph);
+  draws.anchor = anchor_here(chain, *graph);
   chain = Chain{};
   try {
     run_on_scratch(node, tensors, with_values);
@@ -471,28 +532,33 @@ RecordedDraws run_on_scratch_now(const std::shared_ptr<OpGraph>& graph, const Re
   return draws;
 }
 
+// Whether `node` (of operator `op`) was given a `generator=` argument, the default one included.
+bool given_generator(const RandomOperator& op, const RecordedNode& node) {
+  return op.generator >= 0 && static_cast<size_t>(op.generator) < node.arguments.size() &&
+         node.arguments[op.generator].isGenerator();
+}
+
 // The position of `node`'s `generator=` argument (of operator `op`) when it is given one other
 // than the default CPU generator: `generator=torch.default_generator` draws as no argument does,
 // so the op joins the chain (its own anchor would miss the chain's draws not yet applied).
 std::optional<size_t> explicit_generator_argument(const RandomOperator& op,
                                                   const RecordedNode& node) {
-  const std::optional<size_t> argument = op.generator;
-  if (!argument || *argument >= node.arguments.size() || !node.arguments[*argument].isGenerator()) {
+  if (!given_generator(op, node)) {
     return std::nullopt;
   }
-  const at::Generator generator = node.arguments[*argument].toGenerator();
+  const at::Generator generator = node.arguments[op.generator].toGenerator();
   if (generator.unsafeGetGeneratorImpl() ==
       at::detail::getDefaultCPUGenerator().unsafeGetGeneratorImpl()) {
     return std::nullopt;
   }
-  return argument;
+  return static_cast<size_t>(op.generator);
 }
 
 // Note [Explicit generators]: the op is placed at offset 0 from its generator's state now, and
 // the generator is moved as the eager kernel moves it.
 RecordedDraws place_on_own_generator(const std::shared_ptr<OpGraph>& graph,
                                      const RecordedNode& node, size_t argument,
-                                     const DrawPlan& plan, const std::vector<at::Tensor>& tensors) {
+                                     const DrawPlan& plan, c10::ArrayRef<at::Tensor> tensors) {
   at::Generator generator = node.arguments[argument].toGenerator();
   TORCH_CHECK(generator.device().is_cpu(), "torchdefer: ", node.op.schema().operator_name(),
               " in deferred_init of ", graph->context(), " draws from an explicit ",
@@ -547,23 +613,32 @@ void settle_exactly_after_return(const OpGraph& graph) {
   }
 }
 
-}  // namespace
+// A random op recorded after its recording's deferred_init returned leaves the generator where
+// eager does, or owed (Note [The generator after deferred_init]).
+C10_NOINLINE void settle_after_return(Chain& chain, const OpGraph& graph) {
+  if (chain.lazy && graph.exact_generator()) {
+    settle_exactly_after_return(graph);
+  } else if (chain.lazy) {
+    settle_generator();  // the owed generator is what a materialization pays
+  } else {
+    apply_unapplied(chain);
+  }
+}
 
-RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
-                                const at::Tensor& target, const std::vector<at::Tensor>& tensors,
-                                bool in_recording_scope) {
-  Chain& chain = this_thread_chain;
-  const RandomOperator op = random_operator(node.op.schema());
-  const DrawPlan plan = plan_draws(op, *graph, node, target);
+// Every random op but the common one (Note [Placing the common random op]).
+C10_NOINLINE RecordedDraws place_random_node_otherwise(
+    const RandomOperator& op, const DrawPlan& plan, const std::shared_ptr<OpGraph>& graph,
+    const RecordedNode& node, const at::Tensor& target, c10::ArrayRef<at::Tensor> tensors,
+    bool in_recording_scope) {
   if (const std::optional<size_t> argument = explicit_generator_argument(op, node)) {
     return place_on_own_generator(graph, node, *argument, plan, tensors);
   }
+  Chain& chain = this_thread_chain();
+  continue_chain(chain, graph);
   RecordedDraws draws;
   if (plan.kind == DrawPlan::Kind::kKnown) {
-    continue_chain(graph);
-    place_counted(chain, plan.draws, draws);
+    draws = placed(chain, plan.draws);
   } else {
-    continue_chain(graph);
     // A value-dependent sampler is placed lazily when it reads no fake but the tensor it fills; so
     // is a shape-only scratch kernel after a lazy anchor, where the generator is not where eager
     // has it anyway. The rest run on scratch now.
@@ -571,19 +646,41 @@ RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const Rec
                        (plan.kind == DrawPlan::Kind::kRunOnScratch && chain.lazy)) &&
                       !unresolvable_sampler(node);
     if (!lazy) {
-      return run_on_scratch_now(graph, node, tensors,
+      return run_on_scratch_now(chain, graph, node, tensors,
                                 /*with_values=*/plan.kind != DrawPlan::Kind::kRunOnScratch);
     }
-    draws = place_sampler(graph, node, target);
+    draws = place_sampler(chain, graph, node, target);
   }
-  if (!in_recording_scope && chain.lazy && graph->exact_generator()) {
-    settle_exactly_after_return(*graph);
-  } else if (!in_recording_scope && chain.lazy) {
-    settle_generator();  // the owed generator is what a materialization pays
-  } else if (!in_recording_scope) {
-    apply_unapplied();
+  if (!in_recording_scope) {
+    settle_after_return(chain, *graph);
   }
   return draws;
+}
+
+}  // namespace
+
+// Note [Placing the common random op]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A model's random ops are almost all one kind: counted draws (DrawPlan::Kind::kKnown) on the
+// default generator, recorded inside deferred_init (Llama-70B's 1,124 are uniform_ fills). Those
+// take one inlined path: the operator's facts, the plan, the chain's check and the placement,
+// with no shared_ptr copied and no thread_local initialization checked (Note [Reaching the
+// chain]). Every other random op (a `generator=` argument, the default one included, a plan that
+// runs on scratch or anchors lazily, a recording whose deferred_init returned) takes
+// place_random_node_otherwise(), out of line.
+RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const RecordedNode& node,
+                                const at::Tensor& target, const c10::ArrayRef<at::Tensor>& tensors,
+                                bool in_recording_scope) {
+  ThreadRng& rng = this_thread_rng;
+  const RandomOperator op = random_operator(rng, node.op.schema());
+  const DrawPlan plan = plan_draws(op, *graph, node, target);
+  if (C10_UNLIKELY(plan.kind != DrawPlan::Kind::kKnown || !in_recording_scope ||
+                   given_generator(op, node))) {
+    return place_random_node_otherwise(op, plan, graph, node, target, tensors, in_recording_scope);
+  }
+  Chain& chain = chain_of(rng);
+  continue_chain(chain, graph);
+  return placed(chain, plan.draws);
 }
 
 namespace {
@@ -615,8 +712,7 @@ namespace {
 
 // Applies the chain's draws (`how`), or leaves the generator owed when they follow a lazy anchor,
 // and forgets the chain.
-void settle_chain(Apply how) {
-  Chain& chain = this_thread_chain;
+void settle_chain(Chain& chain, Apply how) {
   if (chain.anchor < 0) {
     chain = Chain{};
     return;
@@ -631,17 +727,17 @@ void settle_chain(Apply how) {
                                      chain.graph->context(), anchor->pending_samplers(),
                                      chain.graph, chain.anchor});
   } else {
-    apply_unapplied(how);
+    apply_unapplied(chain, how);
   }
   chain = Chain{};
 }
 
 }  // namespace
 
-void settle_generator() { settle_chain(Apply::kInBackground); }
+void settle_generator() { settle_chain(this_thread_chain(), Apply::kInBackground); }
 
 void settle_generator_exactly() {
-  settle_chain(Apply::kNow);
+  settle_chain(this_thread_chain(), Apply::kNow);
   pay_generator_debt_now();
 }
 

@@ -88,17 +88,18 @@ std::vector<int64_t> anchors_of_random_ops(const OpGraph& graph) {
   return anchors;
 }
 
-TEST(GeneratorMoves, AMultipleOf624DrawsBetweenTwoRandomOpsIsNoticed) {
-  // 624 draws leave the engine's position where it was and regenerate every word. The recorder has
-  // not applied the first op's draws when they are made, so they start where eager's do not (Note
-  // [The owed generator's mark]); the op after them draws from where they left the generator.
+// Records two random ops with `draws` direct draws from the default generator between them: the
+// second gets an anchor of its own and materializes to what it draws from where those draws left
+// the generator. The recorder has not applied the first op's draws when they are made, so they
+// start where eager's do not (Note [The owed generator's mark]).
+void expect_direct_draws_noticed(int draws) {
   at::Tensor after_draws;
   torch::manual_seed(21);
   torch::rand({3});
   const auto [first, second] = deferred_init([&] {
     at::Tensor first = torch::rand({8});
     with_generator([&](at::CPUGeneratorImpl& impl) {
-      for (int i = 0; i < 624; ++i) {
+      for (int i = 0; i < draws; ++i) {
         impl.random();
       }
       after_draws = at::Tensor(impl.get_state());
@@ -115,6 +116,11 @@ TEST(GeneratorMoves, AMultipleOf624DrawsBetweenTwoRandomOpsIsNoticed) {
     generator.set_state(after_draws);
   }
   EXPECT_TRUE(bitwise_equal(second, torch::rand({8})));
+}
+
+TEST(GeneratorMoves, AMultipleOf624DrawsBetweenTwoRandomOpsIsNoticed) {
+  // 624 draws leave the engine's position where it was and regenerate every word.
+  expect_direct_draws_noticed(624);
 }
 
 TEST(GeneratorMoves, AStateSetBetweenTwoRandomOpsIsNoticedWhenOneWordDiffers) {
@@ -163,6 +169,29 @@ TEST(GeneratorMoves, TheSameStateWrittenAgainWithOtherBytesKeepsTheChain) {
 TEST(GeneratorMoves, AReseedBetweenTwoRandomOpsIsNoticed) {
   const TwoRandomOps ops = two_random_ops([] { torch::manual_seed(22); });
   EXPECT_TRUE(gives_eager_bits(ops));
+}
+
+TEST(GeneratorMoves, ASingleDrawBetweenTwoRandomOpsIsNoticed) {
+  // One draw moves the engine's position and changes no word of its state.
+  expect_direct_draws_noticed(1);
+}
+
+TEST(GeneratorMoves, TwiceAMultipleOf624DrawsBetweenTwoRandomOpsIsNoticed) {
+  expect_direct_draws_noticed(2 * 624);
+}
+
+TEST(GeneratorMoves, AStateSetThroughSetStateBetweenTwoRandomOpsIsNoticed) {
+  torch::manual_seed(22);
+  const at::Tensor state = at::detail::getDefaultCPUGenerator().get_state();
+  const TwoRandomOps ops = two_random_ops([&] {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  });
+  EXPECT_TRUE(gives_eager_bits(ops));
+  const std::vector<int64_t> anchors = anchors_of_random_ops(*ops.graph);
+  ASSERT_EQ(anchors.size(), 2u);
+  EXPECT_NE(anchors[0], anchors[1]);
 }
 
 }  // namespace
