@@ -1028,7 +1028,7 @@ class CommonCall {
   at::Tensor written_;  // the written argument, if any
   FakeTensorImpl* written_fake_ = nullptr;
   int64_t written_value_ = -1;
-  std::vector<at::Tensor> random_tensors_;  // a random op's tensor arguments, in input order
+  c10::SmallVector<at::Tensor, 2> random_tensors_;  // a random op's tensor arguments, in order
 };
 
 // Whether a tensor argument of the call on `stack` is a recorded fake (they carry the key).

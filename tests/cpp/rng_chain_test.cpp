@@ -19,7 +19,7 @@ namespace {
 std::vector<RecordedDraws> draws_of_random_ops(const OpGraph& graph) {
   std::vector<RecordedDraws> draws;
   for (size_t i = 0; i < graph.nodes().size(); ++i) {
-    if (const std::optional<RecordedDraws>& node_draws = graph.nodes()[i].draws) {
+    if (const RecordedDraws* node_draws = graph.nodes()[i].draws) {
       draws.push_back(*node_draws);
     }
   }
