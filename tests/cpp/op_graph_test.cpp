@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace torchdefer {
@@ -71,6 +72,42 @@ TEST(ListArena, MovesEachRunInOnceAndKeepsEarlierRunsWhereTheyWere) {
       }
     }
     EXPECT_EQ(Counted::live - live_before, 0 + 3 + 700 + 400 + 5000 + 1);
+  }
+  EXPECT_EQ(Counted::live, live_before);
+}
+
+TEST(ListArena, KeepsARunConstructedInPlaceAndReusesTheRoomOfOneItsWriterDestroyed) {
+  const int64_t live_before = Counted::live;
+  {
+    ListArena<Counted> arena;
+    // A run its writer constructs in place and keeps (Note [A recording's own lists]).
+    Counted* kept = arena.room_for(3);
+    for (int64_t i = 0; i < 3; ++i) {
+      new (kept + i) Counted(10 + i);
+    }
+    arena.keep(kept + 3);
+    // A run its writer abandons: it destroys what it constructed and keeps nothing.
+    Counted* abandoned = arena.room_for(2);
+    EXPECT_EQ(abandoned, kept + 3);
+    new (abandoned) Counted(99);
+    std::destroy_n(abandoned, 1);
+    // The next run starts where the abandoned one did, and a run longer than the chunk's room
+    // starts a chunk of its own, leaving the kept run where it was.
+    Counted* next = arena.room_for(2);
+    EXPECT_EQ(next, abandoned);
+    new (next) Counted(20);
+    arena.keep(next + 1);
+    Counted* long_run = arena.room_for(5000);
+    for (int64_t i = 0; i < 5000; ++i) {
+      new (long_run + i) Counted(i);
+    }
+    arena.keep(long_run + 5000);
+    for (int64_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(kept[i].value, 10 + i);
+    }
+    EXPECT_EQ(next->value, 20);
+    EXPECT_EQ(long_run[4999].value, 4999);
+    EXPECT_EQ(Counted::live - live_before, 3 + 1 + 5000);
   }
   EXPECT_EQ(Counted::live, live_before);
 }
