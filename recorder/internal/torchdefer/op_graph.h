@@ -4,6 +4,7 @@
 
 #include <torchdefer/ambient_state.h>
 #include <torchdefer/fake_tensor_impl.h>
+#include <torchdefer/graph_mutex.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -408,8 +409,8 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   void set_real_storage(int64_t storage, const c10::Storage& real);
 
   // Serializes recording into this graph with replays planning from it: the recorder holds the
-  // lock while it appends one node, a materialization while it plans.
-  [[nodiscard]] std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mutex_); }
+  // lock while it appends one node, a materialization while it plans (Note [The graph's lock]).
+  [[nodiscard]] std::unique_lock<GraphMutex> lock() { return std::unique_lock<GraphMutex>(mutex_); }
 
  private:
   // Note [Finding a fake's storage]: the storage of the value `known`, if `fake` still views it;
@@ -443,7 +444,7 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   uint64_t random_ops_ = 0;
   const std::shared_future<uint64_t> counter_seed_;
   const bool exact_generator_;
-  std::mutex mutex_;
+  GraphMutex mutex_;
 };
 
 inline std::shared_ptr<OpGraph> RecordedFake::shared_graph() const {
