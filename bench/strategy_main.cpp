@@ -13,6 +13,7 @@
 
 #include "bench/models/llama.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -134,7 +135,9 @@ int64_t proc_status_bytes(const std::string& field) {
 }
 
 // The peak resident growth of one phase: VmHWM is reset to the current resident size when the
-// phase starts (writing 5 to /proc/self/clear_refs), so VmHWM after it is the phase's own peak.
+// phase starts (writing 5 to /proc/self/clear_refs), so VmHWM after it is the phase's own peak,
+// or the resident size at its start if that is larger: a reset VmHWM can read below it (Note [A
+// reset VmHWM can read below the start] in bench/harness/strategy.py).
 class PhasePeak {
  public:
   PhasePeak() {
@@ -144,7 +147,8 @@ class PhasePeak {
     reset_ = static_cast<bool>(clear_refs);
     start_rss_ = proc_status_bytes("VmRSS");
   }
-  int64_t growth() const { return reset_ ? proc_status_bytes("VmHWM") - start_rss_ : -1; }
+  int64_t peak() const { return std::max(proc_status_bytes("VmHWM"), start_rss_); }
+  int64_t growth() const { return reset_ ? peak() - start_rss_ : -1; }
 
  private:
   bool reset_ = false;
@@ -279,11 +283,12 @@ void print_json(const Options& options, const LlamaConfig& config, const Measure
       static_cast<long long>(options.rank), static_cast<long long>(options.world),
       static_cast<long long>(config.parameter_count()), at::get_num_threads(), m.construct_s,
       m.materialize_s, m.construct_s + m.materialize_s, static_cast<long long>(baseline_rss),
-      static_cast<long long>(proc_status_bytes("VmHWM")), static_cast<long long>(m.bytes_kept),
-      static_cast<long long>(m.bytes_computed), static_cast<long long>(m.tensors_sliced),
-      static_cast<long long>(m.tensors_fallback), static_cast<long long>(m.tensors_whole),
-      static_cast<long long>(m.elements_sliced), static_cast<long long>(m.elements_fallback),
-      fallbacks.str().c_str(), json_bytes(m.construct_rss_bytes).c_str(), m.meta_construct_s,
+      static_cast<long long>(std::max(proc_status_bytes("VmHWM"), baseline_rss)),
+      static_cast<long long>(m.bytes_kept), static_cast<long long>(m.bytes_computed),
+      static_cast<long long>(m.tensors_sliced), static_cast<long long>(m.tensors_fallback),
+      static_cast<long long>(m.tensors_whole), static_cast<long long>(m.elements_sliced),
+      static_cast<long long>(m.elements_fallback), fallbacks.str().c_str(),
+      json_bytes(m.construct_rss_bytes).c_str(), m.meta_construct_s,
       json_bytes(m.meta_rss_bytes).c_str());
 }
 

@@ -45,12 +45,25 @@ def module_bytes(module: torch.nn.Module) -> int:
 class PhasePeak:
     """The peak resident growth of one phase (Note [Record phase on its own] in
     bench/strategy_main.cpp): VmHWM is reset to the current resident size when the phase starts
-    (writing 5 to /proc/self/clear_refs), so VmHWM after it is the phase's own peak.
+    (writing 5 to /proc/self/clear_refs), so VmHWM after it is the phase's own peak, or the
+    resident size at its start if that is larger (Note [A reset VmHWM can read below the start]).
 
     The phase also starts with Python's garbage collected: a full collection costs tens of
     milliseconds in a process that imported torch and transformers, about what building a 70B
     model on the meta device costs, so one that the previous phase's garbage made due would land
     in whichever phase ran next. Collections the phase's own allocations cause stay in it."""
+
+    # Note [A reset VmHWM can read below the start]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # /proc/self/status prints VmHWM as the larger of the kernel's high-water mark and the current
+    # resident size. The reset sets that mark from per-CPU counters that lag the resident size
+    # VmRSS prints: on Linux 6.18 here the mark sits about 350 kB below the VmRSS read right after
+    # the reset, so a phase that frees more than it grows reads a VmHWM below the resident size
+    # it started at (a negative growth, and a peak below the baseline). A small model's phases
+    # reuse freed memory and often do not grow at all, so which way a run went depended on what
+    # the heap held before it. The peak over a phase includes its start: peak() is the larger of
+    # the two, read in the same units (tests/python/test_bench_harness.py frees memory held at a
+    # phase's start).
 
     def __init__(self) -> None:
         gc.collect()
@@ -62,8 +75,12 @@ class PhasePeak:
             self.reset = False
         self.start_rss = proc_status_bytes("VmRSS")
 
+    def peak(self) -> int:
+        """The peak resident size since the phase started (the process's, without a reset)."""
+        return max(proc_status_bytes("VmHWM"), self.start_rss)
+
     def growth(self) -> Optional[int]:
-        return proc_status_bytes("VmHWM") - self.start_rss if self.reset else None
+        return self.peak() - self.start_rss if self.reset else None
 
 
 def measure_meta(build: Callable[[], torch.nn.Module]) -> Dict[str, Any]:
@@ -191,8 +208,8 @@ def run(strategy: str, config: models.LlamaConfig, rank: int, world: int, device
         import accelerate
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    baseline_rss = proc_status_bytes("VmRSS")
     construct_peak = PhasePeak()
+    baseline_rss = construct_peak.start_rss  # after the collection, as the reset peak starts
     counts: Dict[str, Any] = {}
 
     if strategy in ("py-eager", "hf-from-config") or (strategy == "py-broadcast" and rank == 0):
@@ -229,7 +246,7 @@ def run(strategy: str, config: models.LlamaConfig, rank: int, world: int, device
         strategy=strategy, model=config.name, rank=rank, world=world, device=str(device),
         parameters=models.parameter_count(config), threads=torch.get_num_threads(), **phases.seconds,
         wall_s=phases.seconds["construct_s"] + phases.seconds["materialize_s"],
-        baseline_rss_bytes=baseline_rss, peak_rss_bytes=proc_status_bytes("VmHWM"),
+        baseline_rss_bytes=baseline_rss, peak_rss_bytes=construct_peak.peak(),
         bytes_kept=kept, bytes_computed=kept, tensors_sliced=0, tensors_fallback=0, tensors_whole=0,
         elements_sliced=0, elements_fallback=0, fallback_ops={},
         peak_cuda_bytes=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,

@@ -3,7 +3,6 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <array>
-#include <limits>
 #include <mutex>
 
 namespace torchdefer::detail {
@@ -31,9 +30,8 @@ class StandInDeviceGuard final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream exchangeStream(c10::Stream stream) const override {
     return c10::Stream(c10::Stream::DEFAULT, stream.device());
   }
-  c10::DeviceIndex deviceCount() const noexcept override {
-    return std::numeric_limits<c10::DeviceIndex>::max();
-  }
+  // No device, so that autograd starts no worker threads for it (Note [Stand-in device guards]).
+  c10::DeviceIndex deviceCount() const noexcept override { return 0; }
   void record(void** /*event*/, const c10::Stream& /*stream*/, c10::DeviceIndex /*device_index*/,
               c10::EventFlag /*flag*/) const override {}
   void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}

@@ -5,11 +5,13 @@ and where] in bindings/torchdefer/_recording.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 import threading
 
+import pytest
 import torch
 import torchdefer
 
@@ -289,3 +291,35 @@ def test_nested_recordings_and_fake_mode_restore_torch_when_the_outermost_closes
     except KeyError:
         pass
     assert torch.Tensor.__repr__ is repr_before and "data" not in vars(torch.Tensor)
+
+
+FORK_AFTER_BACKWARD_PROGRAM = textwrap.dedent(
+    """
+    import os, torch, torchdefer
+
+    with torchdefer.fake_mode("cuda"):  # a fake on a device type this build has no backend for
+        torch.empty(2)
+    threads = len(os.listdir("/proc/self/task"))
+    torch.ones(2, requires_grad=True).sum().backward()  # the process's first backward
+    print("threads started:", len(os.listdir("/proc/self/task")) - threads)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            torch.ones(2, requires_grad=True).sum().backward()
+        except RuntimeError:
+            os._exit(3)
+        os._exit(0)
+    print("forked child's backward:", "ok" if os.waitpid(pid, 0)[1] == 0 else "failed")
+    """
+)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or not hasattr(os, "fork"),
+                    reason="the stand-in CUDA guard exists only without CUDA; needs os.fork")
+def test_a_fake_cuda_tensor_leaves_a_cpu_backward_on_its_thread_and_forked_children_able_to_train():
+    # Note [Stand-in device guards]: autograd started a worker per device the stand-in counted.
+    result = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_BACKWARD_PROGRAM], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["threads started: 0", "forked child's backward: ok"]
