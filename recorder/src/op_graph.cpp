@@ -50,7 +50,7 @@ int64_t OpGraph::add_node(const c10::OperatorHandle& op,
                           c10::SmallVectorImpl<int64_t>& outputs, AmbientState ambient) {
   nodes_.emplace_back(op, arguments_.take(arguments), inputs_.take(inputs), outputs_.take(outputs),
                       nullptr, ambient);
-  return static_cast<int64_t>(nodes_.size()) - 1;
+  return count_node();
 }
 
 int64_t OpGraph::add_described_node(const c10::OperatorHandle& op,
@@ -58,7 +58,7 @@ int64_t OpGraph::add_described_node(const c10::OperatorHandle& op,
                                     c10::ArrayRef<RecordedInput> inputs,
                                     c10::SmallVectorImpl<int64_t>& outputs, AmbientState ambient) {
   nodes_.emplace_back(op, arguments, inputs, outputs_.take(outputs), nullptr, ambient);
-  return static_cast<int64_t>(nodes_.size()) - 1;
+  return count_node();
 }
 
 // Note [Finding a fake's storage]
@@ -173,9 +173,10 @@ int64_t detail::live_recorded_nodes() {
   LiveGraphs& list = live_graph_list();
   const std::lock_guard<std::mutex> list_lock(list.mutex);
   int64_t nodes = 0;
-  for (OpGraph* graph : list.graphs) {
-    const auto lock = graph->lock();
-    nodes += static_cast<int64_t>(graph->nodes().size());
+  for (const OpGraph* graph : list.graphs) {
+    // Not under the graph's lock: a thread that holds one can destroy another graph, whose
+    // destructor takes the list's mutex.
+    nodes += graph->node_count();
   }
   return nodes;
 }

@@ -869,7 +869,9 @@ class Recorder {
 // first described by CommonCall in one walk that checks as it goes that every tensor is absent
 // or a fake of that recording. The first one that is not abandons the description, and the call
 // goes the general way with nothing done. A described call is recorded exactly as the general
-// path records it: the same node, writes, values and annotations.
+// path records it: the same node, writes, values and annotations. (A Python number arrives as a
+// real 0-dim tensor, `w.mul_(0.5)` calling mul_.Tensor: such calls take the general path, which
+// holds the real tensor as it holds any; C++'s `mul_(0.5)` is mul_.Scalar, a common call.)
 class CommonCall {
  public:
   CommonCall(const c10::OperatorHandle& op, const OperatorFacts& facts, torch::jit::Stack& stack,

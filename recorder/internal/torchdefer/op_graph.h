@@ -15,6 +15,7 @@
 #include <c10/util/flat_hash_map.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <future>
 #include <memory>
@@ -338,6 +339,9 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   const StableVector<RecordedValue>& values() const { return values_; }
   const StableVector<RecordedStorage>& storages() const { return storages_; }
 
+  // How many nodes the graph has, readable without its lock (detail::live_recorded_nodes()).
+  int64_t node_count() const { return node_count_.load(std::memory_order_relaxed); }
+
   // The index the next add_node() returns. The recorder appends a call's writes and outputs, which
   // name their node, and then the node, in one pass under the lock (Note [Recording an op]).
   int64_t next_node() const { return static_cast<int64_t>(nodes_.size()); }
@@ -421,6 +425,12 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   int64_t append_storage(const FakeTensorImpl& fake, int64_t creator, int64_t base_value,
                          int64_t writer);
   void add_writer(int64_t storage, int64_t node);
+  // Publishes the node count for detail::live_recorded_nodes() and returns the last node's index.
+  int64_t count_node() {
+    const auto count = static_cast<int64_t>(nodes_.size());
+    node_count_.store(count, std::memory_order_relaxed);  // relaxed: a plain store on x86
+    return count - 1;
+  }
 
   std::string context_;
   StableVector<RecordedNode> nodes_;
@@ -445,6 +455,7 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   const std::shared_future<uint64_t> counter_seed_;
   const bool exact_generator_;
   GraphMutex mutex_;
+  std::atomic<int64_t> node_count_{0};  // nodes_.size(), for live_recorded_nodes()
 };
 
 inline std::shared_ptr<OpGraph> RecordedFake::shared_graph() const {
