@@ -226,6 +226,22 @@ def test_the_cpp_recording_target_compares_the_medians_of_the_micro_benchmarks(t
     assert "C++ Llama" not in report.targets_table([], report.load_micro([str(FIXTURE)]))
 
 
+def test_the_alternating_cpp_recording_target_is_the_median_of_the_ratio_counters(tmp_path):
+    def row(ratios):
+        runs = [dict(name="BM_RecordAlternating/llama3-70b/real_time", run_type="iteration", repetition_index=i,
+                     real_time=7.0, cpu_time=7.0, time_unit="ms", ratio=r) for i, r in enumerate(ratios)]
+        median = dict(name="BM_RecordAlternating/llama3-70b/real_time_median", run_type="aggregate",
+                      aggregate_name="median", real_time=7.0, cpu_time=7.0, time_unit="ms", ratio=sorted(ratios)[1])
+        source = tmp_path / "micro.json"
+        source.write_text(json.dumps(dict(context={}, benchmarks=runs + [median])))
+        return report.targets_table([], report.load_micro([str(source)])).splitlines()[-1]
+
+    assert row([1.25, 1.19, 1.31]) == (
+        "| C++ Llama: recording thread CPU ≤ 1.1× a `FakeMode` construction's, alternating | llama3-70b | "
+        "`BM_RecordAlternating/llama3-70b` | 1.25× (median of 3 repetitions' `ratio`) | no |")
+    assert row([1.09, 1.02, 1.2]).endswith("| 1.09× (median of 3 repetitions' `ratio`) | yes |")
+
+
 def test_a_phase_that_frees_memory_it_held_at_its_start_grows_by_nothing():
     # Freeing 8 MiB that were resident when the phase started: the reset VmHWM then reads below
     # that start (Note [A reset VmHWM can read below the start] in bench/harness/strategy.py), and
