@@ -12,9 +12,9 @@ namespace {
 
 std::atomic<int64_t> live_graphs{0};
 
-// The graphs alive, for live_recorded_nodes(): a count per node appended would be an atomic
-// operation on every recorded call, for a number only tests ask. Never destroyed: graphs held by
-// thread_local or static objects can die at exit after function statics.
+// The graphs alive, for live_recorded_nodes(): one count shared by every graph would be an atomic
+// read-modify-write on every recorded call, for a number only tests ask. Never destroyed: graphs
+// held by thread_local or static objects can die at exit after function statics.
 struct LiveGraphs {
   std::mutex mutex;
   std::unordered_set<OpGraph*> graphs;

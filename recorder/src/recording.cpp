@@ -417,12 +417,17 @@ int64_t add_recorded_output(OpGraph& graph, const std::shared_ptr<OpGraph>& owne
   return value;
 }
 
+// Where a call on fakes of `graph` is recorded, for messages: inside its deferred_init, or after.
+std::string recorded_where(const OpGraph& graph) {
+  return &graph == tls_graph.get()
+             ? " in deferred_init of " + graph.context()
+             : " on a fake recorded by deferred_init of " + graph.context() + ", outside that call";
+}
+
 // What a recorded call that failed below the recorder adds to its error.
 std::string while_recording(const c10::FunctionSchema& schema, const OpGraph& graph) {
   return "torchdefer: while recording " + c10::toString(schema.operator_name()) +
-         (&graph == tls_graph.get() ? " in deferred_init of " + graph.context()
-                                    : " on a fake recorded by deferred_init of " + graph.context() +
-                                          ", outside that call");
+         recorded_where(graph);
 }
 
 class Recorder {
@@ -745,11 +750,7 @@ class Recorder {
   }
 
   // A recorded fake records the ops run on it after its deferred_init returned, too.
-  std::string where() const {
-    return graph_ == tls_graph.get() ? " in deferred_init of " + graph_->context()
-                                     : " on a fake recorded by deferred_init of " +
-                                           graph_->context() + ", outside that call";
-  }
+  std::string where() const { return recorded_where(*graph_); }
 
   // The value the fake `impl` was recorded as in this graph, or -1 (Note [Finding a fake's
   // storage]).
