@@ -6,6 +6,7 @@
 #include <torchdefer/data_dependent_ops.h>
 #include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor_impl.h>
+#include <torchdefer/generator_sharing.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/op_table.h>
 #include <torchdefer/torch_compat.h>
@@ -1123,13 +1124,20 @@ RecordingScope::RecordingScope(std::string context, DeferredInitOptions options)
     : include_deferred_init_(kDeferredInitKey),
       saved_graph_(tls_graph),
       exact_generator_(options.exact_generator()) {
-  auto graph = std::make_shared<OpGraph>(std::move(context), detail::default_generator_digest(),
-                                         options.exact_generator());
-  tls_open_recordings.push_back({graph.get(), {}});
-  tls_graph = std::move(graph);
+  detail::enter_recording();  // Note [A recording and a torch-mode replay on two threads]
+  try {
+    auto graph = std::make_shared<OpGraph>(std::move(context), detail::default_generator_digest(),
+                                           options.exact_generator());
+    tls_open_recordings.push_back({graph.get(), {}});
+    tls_graph = std::move(graph);
+  } catch (...) {
+    detail::leave_recording();
+    throw;
+  }
 }
 
 RecordingScope::~RecordingScope() {
+  detail::leave_recording();
   tls_open_recordings.pop_back();
   tls_graph = std::move(saved_graph_);
   if (autocast_on_now()) {

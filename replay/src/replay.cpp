@@ -11,6 +11,7 @@
 #include <torchdefer/counter_rng.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/fake_tensor_impl.h>
+#include <torchdefer/generator_sharing.h>
 #include <torchdefer/mt19937_jump.h>
 #include <torchdefer/node_stack.h>
 #include <torchdefer/op_graph.h>
@@ -26,6 +27,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <utility>
@@ -584,6 +586,11 @@ void GraphReplay::offer_end_anchor(const RecordedDraws& draws) {
 
 void GraphReplay::run(const ForeignValues& foreign,
                       const std::function<void(const std::string&)>& on_node) {
+  // Note [A recording and a torch-mode replay on two threads]
+  std::optional<TorchModeReplayMark> torch_mode;
+  if (!config_.counter_rng) {
+    torch_mode.emplace();
+  }
   foreign_ = &foreign;
   RealOnlyGuard real_only;
   c10::AutoGradMode no_grad(false);
