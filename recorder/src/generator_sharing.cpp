@@ -41,44 +41,44 @@ Users& users() {
   return *all;
 }
 
+// Counts this thread in as one more of `kind` (recordings or replays), refused with `refusal`
+// while another thread is one of `other`.
+void count_in(int Users::*kind, int& mine, int Users::*other, int others_mine,
+              const char* refusal) {
+  Users& all = users();
+  const std::lock_guard<std::mutex> lock(all.mutex);
+  TORCH_CHECK(all.*other == others_mine, refusal);
+  ++(all.*kind);
+  ++mine;
+}
+
+void count_out(int Users::*kind, int& mine) {
+  Users& all = users();
+  const std::lock_guard<std::mutex> lock(all.mutex);
+  --(all.*kind);
+  --mine;
+}
+
 }  // namespace
 
 void enter_recording() {
-  Users& all = users();
-  const std::lock_guard<std::mutex> lock(all.mutex);
-  TORCH_CHECK(all.replays == my_replays,
-              "torchdefer: deferred_init cannot record while another thread materializes or reads "
-              "values in torch RNG mode: that replay lends itself the default CPU generator, and "
-              "the recording would place its random ops from the lent states instead of eager's. "
-              "Record after that materialization ends, or materialize with rng=\"counter\" there.");
-  ++all.recordings;
-  ++my_recordings;
+  count_in(&Users::recordings, my_recordings, &Users::replays, my_replays,
+           "torchdefer: deferred_init cannot record while another thread materializes or reads "
+           "values in torch RNG mode: that replay lends itself the default CPU generator, and the "
+           "recording would place its random ops from the lent states instead of eager's. Record "
+           "after that materialization ends, or materialize with rng=\"counter\" there.");
 }
 
-void leave_recording() {
-  Users& all = users();
-  const std::lock_guard<std::mutex> lock(all.mutex);
-  --all.recordings;
-  --my_recordings;
-}
+void leave_recording() { count_out(&Users::recordings, my_recordings); }
 
 TorchModeReplayMark::TorchModeReplayMark() {
-  Users& all = users();
-  const std::lock_guard<std::mutex> lock(all.mutex);
-  TORCH_CHECK(all.recordings == my_recordings,
-              "torchdefer: cannot materialize or read values in torch RNG mode while another "
-              "thread is inside deferred_init: the replay lends itself the default CPU generator, "
-              "and that recording would place its random ops from the lent states instead of "
-              "eager's. Materialize after that deferred_init returns, or with rng=\"counter\".");
-  ++all.replays;
-  ++my_replays;
+  count_in(&Users::replays, my_replays, &Users::recordings, my_recordings,
+           "torchdefer: cannot materialize or read values in torch RNG mode while another thread "
+           "is inside deferred_init: the replay lends itself the default CPU generator, and that "
+           "recording would place its random ops from the lent states instead of eager's. "
+           "Materialize after that deferred_init returns, or with rng=\"counter\".");
 }
 
-TorchModeReplayMark::~TorchModeReplayMark() {
-  Users& all = users();
-  const std::lock_guard<std::mutex> lock(all.mutex);
-  --all.replays;
-  --my_replays;
-}
+TorchModeReplayMark::~TorchModeReplayMark() { count_out(&Users::replays, my_replays); }
 
 }  // namespace torchdefer::detail
