@@ -48,9 +48,7 @@ int64_t OpGraph::add_node(const c10::OperatorHandle& op,
                           c10::SmallVectorImpl<c10::IValue>& arguments,
                           c10::SmallVectorImpl<RecordedInput>& inputs,
                           c10::SmallVectorImpl<int64_t>& outputs, AmbientState ambient) {
-  nodes_.emplace_back(op, arguments_.take(arguments), inputs_.take(inputs), outputs_.take(outputs),
-                      nullptr, ambient);
-  return count_node();
+  return add_described_node(op, arguments_.take(arguments), inputs_.take(inputs), outputs, ambient);
 }
 
 int64_t OpGraph::add_described_node(const c10::OperatorHandle& op,

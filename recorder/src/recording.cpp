@@ -139,6 +139,8 @@ struct OperatorFacts {
   // most one result, a tensor, and at most one written argument, the first, which the op returns
   // (Note [The common call]).
   bool common = false;
+  // The schema returns one tensor (for CommonCall, whose operators return one or nothing).
+  bool returns_tensor = false;
 };
 
 // Whether `schema` has the shape CommonCall records (OperatorFacts::common).
@@ -176,6 +178,8 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     facts.written.push_back(writes_argument(schema, i) ? 1 : 0);
   }
+  facts.returns_tensor = schema.returns().size() == 1 &&
+                         schema.returns()[0].type()->kind() == c10::TypeKind::TensorType;
   facts.common = !facts.records_its_parts && !facts.may_read_values &&
                  facts.bit_view == BitView::kNone && has_common_shape(schema, facts.written);
   return facts;
@@ -425,6 +429,19 @@ std::string recorded_where(const OpGraph& graph) {
              : " on a fake recorded by deferred_init of " + graph.context() + ", outside that call";
 }
 
+// The value of output `t` (whose FakeTensorImpl is `impl`, recorded as `rec` if at all) of node
+// `index` in `graph`: its own value while it still views it (Note [An output that is its input's
+// value]), else a new one.
+int64_t output_value(OpGraph& graph, const std::shared_ptr<OpGraph>& owner, int64_t index,
+                     FakeTensorImpl& impl, const at::Tensor& t) {
+  const RecordedFake* rec = recorded(impl);
+  const int64_t known = rec != nullptr && rec->graph == &graph ? rec->value : -1;
+  if (known >= 0 && still_views(graph, known, impl, t)) {
+    return known;
+  }
+  return add_recorded_output(graph, owner, index, impl, t, known);
+}
+
 // What a recorded call that failed below the recorder adds to its error.
 std::string while_recording(const c10::FunctionSchema& schema, const OpGraph& graph) {
   return "torchdefer: while recording " + c10::toString(schema.operator_name()) +
@@ -458,7 +475,7 @@ class Recorder {
       redispatch(keys);
       return;
     }
-    if (!has_fake_ && has_tensor_) {
+    if (!has_fake_ && has_real_) {
       run_real(keys);
       return;
     }
@@ -512,7 +529,6 @@ class Recorder {
         if (!t.defined()) {
           return;
         }
-        has_tensor_ = true;
         if (seen.fake == nullptr) {
           has_real_ = true;
           if (written) {
@@ -798,13 +814,7 @@ class Recorder {
         outputs.push_back(-1);
         continue;
       }
-      FakeTensorImpl* impl = fake_impl(*t);
-      const int64_t known = value_in_graph(recorded(*impl));
-      if (known >= 0 && still_views(*graph_, known, *impl, *t)) {
-        outputs.push_back(known);  // Note [An output that is its input's value]
-        continue;
-      }
-      outputs.push_back(add_recorded_output(*graph_, owner, index, *impl, *t, known));
+      outputs.push_back(output_value(*graph_, owner, index, *fake_impl(*t), *t));
     }
     graph_->add_node(op_, described_arguments_, described_inputs_, outputs, ambient_);
     if (has_real_) {
@@ -854,7 +864,6 @@ class Recorder {
   c10::SmallVector<at::Tensor, 1> written_real_;
   std::vector<at::Tensor> arguments_;  // a random op's tensor arguments, in input order
   bool has_fake_ = false;
-  bool has_tensor_ = false;
   bool has_real_ = false;  // a defined tensor that is no fake
 };
 
@@ -953,7 +962,7 @@ class CommonCall {
   }
 
   void record() {
-    const bool returns_tensor = !op_.schema().returns().empty();
+    const bool returns_tensor = facts_.returns_tensor;
     const at::Tensor* output = returns_tensor ? &stack_.back().toTensor() : nullptr;
     FakeTensorImpl* const written_fake = written_fake_;
     // An in-place op returns the fake it wrote.
@@ -988,8 +997,8 @@ class CommonCall {
               ? written_value_  // Note [An output that is its input's value]
               : add_recorded_output(graph_, owner, index, *output_fake, *output, written_value_));
     } else if (returns_tensor) {
-      outputs.push_back(output_fake != nullptr ? output_value(index, *output_fake, *output, owner)
-                                               : -1);
+      outputs.push_back(
+          output_fake != nullptr ? output_value(graph_, owner, index, *output_fake, *output) : -1);
     }
     graph_.add_described_node(op_, arguments(), inputs(), outputs, ambient_);
     graph_.own_arguments().keep(arguments_ + argument_count_);
@@ -1006,16 +1015,6 @@ class CommonCall {
   }
   c10::ArrayRef<RecordedInput> inputs() const {
     return c10::ArrayRef<RecordedInput>(inputs_, input_count_);
-  }
-
-  int64_t output_value(int64_t index, FakeTensorImpl& fake, const at::Tensor& t,
-                       const std::shared_ptr<OpGraph>& owner) {
-    const RecordedFake* rec = recorded(fake);
-    const int64_t known = rec != nullptr && rec->graph == &graph_ ? rec->value : -1;
-    if (known >= 0 && still_views(graph_, known, fake, t)) {
-      return known;  // Note [An output that is its input's value]
-    }
-    return add_recorded_output(graph_, owner, index, fake, t, known);
   }
 
   const c10::OperatorHandle& op_;
@@ -1044,18 +1043,6 @@ bool carries_deferred_init_key(const c10::OperatorHandle& op, const torch::jit::
     });
   }
   return carries;
-}
-
-// Note [Where an op is recorded]: whether a call reaching the Fake key is the recorder's there: a
-// call that no recorded call runs below (a call kDeferredInitKey's fallback took, or one taken
-// here) and that a recording takes, a factory while one is open on this thread or an op on a
-// recorded fake.
-bool recorded_at_fake_key(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  // Cheapest first: under a plain FakeMode every call asks this.
-  if (!detail::any_recording_alive() || tls_below_recorded_call) {
-    return false;
-  }
-  return tls_graph != nullptr || carries_deferred_init_key(op, stack);
 }
 
 }  // namespace
@@ -1096,13 +1083,21 @@ void deferred_init_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet k
 
 void recording_fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                              torch::jit::Stack* stack) {
-  if (!recorded_at_fake_key(op, *stack)) {
+  // Note [Where an op is recorded]: the recorder takes a call that no recorded call runs below,
+  // if it is a factory while a recording is open on this thread or an op on a recorded fake.
+  // Cheapest first: under a plain FakeMode every call asks the first question.
+  if (!detail::any_recording_alive() || tls_below_recorded_call) {
+    fake_fallback(op, keys, stack);
+    return;
+  }
+  OpGraph* const graph = tls_graph.get();
+  if (graph == nullptr && !carries_deferred_init_key(op, *stack)) {
     fake_fallback(op, keys, stack);
     return;
   }
   const OperatorFacts& facts = facts_of(op);
-  if (facts.common && tls_graph != nullptr) {
-    CommonCall call(op, facts, *stack, *tls_graph);
+  if (facts.common && graph != nullptr) {
+    CommonCall call(op, facts, *stack, *graph);
     if (call.describe()) {
       call.run(keys);
       return;
