@@ -30,6 +30,19 @@ def start() -> torch.device:
     return torch.device("cpu")
 
 
+def finish() -> None:
+    """Waits for every rank, then leaves the process group.
+
+    The barrier also keeps this process from exiting under Gloo's worker threads: FSDP2 keeps the
+    process group alive past ``destroy_process_group()``, a worker thread may still be dropping a
+    finished collective (which takes the GIL) when the last step returns, and one that does so
+    once the interpreter shuts down aborts the process ("terminate called without an active
+    exception"). The barrier's wait releases the GIL, so they finish first.
+    """
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def full_state(model: torch.nn.Module) -> dict:
     """Every parameter and buffer whole (an all-gather of each DTensor), on the CPU."""
     state = {}

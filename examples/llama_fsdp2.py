@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 import torchdefer
-from _launch import arguments, full_state, start, train
+from _launch import arguments, finish, full_state, start, train
 from llama import Config, Llama, fully_shard_llama
 
 
@@ -37,7 +37,7 @@ def main() -> None:
     if args.save_initial and dist.get_rank() == 0:
         torch.save(state, args.save_initial)
     train(model, args.steps, device, batch_seed=dist.get_rank(), vocab=cfg.vocab)
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 import torchdefer
-from _launch import arguments, full_state, start, train
+from _launch import arguments, finish, full_state, start, train
 from llama import Config, Llama, fully_shard_llama, tensor_parallel
 
 
@@ -39,7 +39,7 @@ def main() -> None:
         torch.save(state, args.save_initial)
     # Ranks of one tensor-parallel group read the same batch.
     train(model, args.steps, device, batch_seed=mesh["dp"].get_local_rank(), vocab=cfg.vocab)
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":
