@@ -150,7 +150,7 @@ void OpGraph::set_real_storage(int64_t storage, const c10::Storage& real) {
 }
 
 int64_t OpGraph::add_rng_anchor(std::shared_ptr<RngAnchor> anchor) {
-  rng_anchors_.push_back(std::move(anchor));
+  rng_anchors_.emplace_back(std::move(anchor));
   return static_cast<int64_t>(rng_anchors_.size()) - 1;
 }
 

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <thread>
 #include <vector>
 
 namespace torchdefer {
@@ -28,21 +30,45 @@ struct Counted {
 TEST(StableVector, KeepsEveryElementWhereItWasAppendedAndDestroysEachOnce) {
   const int64_t live_before = Counted::live;
   {
-    StableVector<Counted, 2> elements;  // chunks of 4
+    StableVector<Counted, 2> elements;  // blocks of 4, 8, 16, 32...
     std::vector<const Counted*> addresses;
-    for (int64_t i = 0; i < 11; ++i) {
+    // Ends one past a block's end (4 + 8 + 16 + 32 = 60): the last block holds one element.
+    for (int64_t i = 0; i < 61; ++i) {
       addresses.push_back(&elements.emplace_back(i));
     }
-    EXPECT_EQ(elements.size(), 11u);
-    EXPECT_EQ(Counted::live - live_before, 11);
-    for (int64_t i = 0; i < 11; ++i) {
+    EXPECT_EQ(elements.size(), 61u);
+    EXPECT_EQ(Counted::live - live_before, 61);
+    for (int64_t i = 0; i < 61; ++i) {
       EXPECT_EQ(&elements[i], addresses[i]);
       EXPECT_EQ(elements[i].value, i);
     }
     EXPECT_EQ(elements.front().value, 0);
-    EXPECT_EQ(elements.back().value, 10);
+    EXPECT_EQ(elements.back().value, 60);
   }
   EXPECT_EQ(Counted::live, live_before);
+}
+
+// Note [A block table that never moves]: a replay reads what it planned while another thread
+// goes on appending. Blocks of one element first, so that the reader runs across many new blocks.
+TEST(StableVector, ElementsStayReadableOnAnotherThreadWhileItAppends) {
+  StableVector<int64_t, 0> elements;
+  std::atomic<size_t> published{0};
+  constexpr size_t kCount = size_t{1} << 20;
+  std::thread writer([&] {
+    for (size_t i = 0; i < kCount; ++i) {
+      elements.emplace_back(static_cast<int64_t>(i));
+      published.store(i + 1, std::memory_order_release);
+    }
+  });
+  size_t mismatches = 0;
+  for (size_t seen = 0; seen < kCount;) {
+    seen = published.load(std::memory_order_acquire);
+    for (size_t i = seen / 2; i < seen; i += 1 + seen / 64) {
+      mismatches += elements[i] != static_cast<int64_t>(i) ? 1 : 0;
+    }
+  }
+  writer.join();
+  EXPECT_EQ(mismatches, 0u);
 }
 
 TEST(ListArena, MovesEachRunInOnceAndKeepsEarlierRunsWhereTheyWere) {

@@ -110,7 +110,7 @@ struct RecordedDraws {
 // model's construction (3,541 calls for Llama-70B), and those appends were a visible share of what
 // recording adds to a FakeMode construction (docs/results.md, C++ recording cost): three heap
 // vectors per node, and vectors of nodes, values and storages that moved every element each time
-// they grew. So a graph keeps its nodes, values, storages and annotations in chunks that never
+// they grew. So a graph keeps its nodes, values, storages and annotations in blocks that never
 // move (StableVector), and every node's arguments, inputs and outputs, and every value's sizes and
 // strides, in graph-owned arenas (ListArena), each node and value holding views into them. An
 // element, once appended, stays where it is until the graph is freed: a node's lists cost no
@@ -119,17 +119,27 @@ struct RecordedDraws {
 // std::deque keeps references too, but libstdc++'s blocks are 512 bytes, a few nodes each: an
 // allocation every few appends, and an index is a division by the elements per block.
 
-// Elements appended in chunks of 2^kChunkBits that are never reallocated: indexing is a shift and
-// a mask, and a reference stays valid while the vector lives. An element is constructed in place in
-// raw chunk memory: appending is one placement new, with no inner vector to grow or check. Chunks
-// are cut from blocks of memory that double in size (one chunk, then two, four...): a small graph
-// allocates one chunk per list, and a large one a block only every time its size doubles, where a
-// block per chunk made every 256th append a large malloc.
-template <typename T, size_t kChunkBits = 8>
+// Elements appended in blocks that are never reallocated, each twice the size of the one before
+// (2^kFirstBits elements, then twice that...): a reference stays valid while the vector lives, an
+// element is constructed in place in raw block memory (one placement new per append), and a large
+// vector allocates only every time its size doubles.
+//
+// Note [A block table that never moves]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The blocks are reached through a table of fixed size, one slot per block that can exist, so an
+// append writes only memory no reader uses yet: a new element and, for a new block, a new slot.
+// A replay reads the nodes, values and storages it planned without the graph's lock, while another
+// thread may go on recording into the same graph (ops on its fakes after deferred_init returned).
+// A table that grew (a std::vector of chunk pointers, as this once was) was freed under that
+// reader. Element i is in block b = floor(log2(i / 2^kFirstBits + 1)), which starts at element
+// 2^kFirstBits * (2^b - 1): indexing is a shift, a bit scan and a subtraction.
+template <typename T, size_t kFirstBits = 8>
 class StableVector {
- public:
-  static constexpr size_t kChunk = size_t{1} << kChunkBits;
+  static constexpr size_t kFirst = size_t{1} << kFirstBits;
+  // Enough blocks for every size a size_t can count.
+  static constexpr size_t kMaxBlocks = 64 - kFirstBits;
 
+ public:
   StableVector() = default;
   StableVector(const StableVector&) = delete;
   StableVector& operator=(const StableVector&) = delete;
@@ -137,16 +147,16 @@ class StableVector {
     for (size_t i = 0; i < size_; ++i) {
       (*this)[i].~T();
     }
-    for (size_t b = 0; b < blocks_.size(); ++b) {
-      std::allocator<T>().deallocate(blocks_[b], kChunk << b);
+    for (size_t b = 0; b < block_count_; ++b) {
+      std::allocator<T>().deallocate(blocks_[b], kFirst << b);
     }
   }
 
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  const T& operator[](size_t i) const { return chunks_[i >> kChunkBits][i & (kChunk - 1)]; }
-  T& operator[](size_t i) { return chunks_[i >> kChunkBits][i & (kChunk - 1)]; }
-  const T& front() const { return chunks_.front()[0]; }
+  const T& operator[](size_t i) const { return element(i); }
+  T& operator[](size_t i) { return element(i); }
+  const T& front() const { return blocks_[0][0]; }
   const T& back() const { return next_[-1]; }
   T& back() { return next_[-1]; }
 
@@ -155,7 +165,7 @@ class StableVector {
   template <typename... Args>
   T& emplace_back(Args&&... args) {
     if (next_ == limit_) {
-      add_chunk();
+      add_block();
     }
     T* const place = next_;
     if constexpr (sizeof...(Args) == 0) {
@@ -171,27 +181,24 @@ class StableVector {
   }
 
  private:
-  void add_chunk() {
-    if (limit_ == block_end_) {
-      // Block b holds 2^b chunks.
-      const size_t chunks = size_t{1} << blocks_.size();
-      chunks_.reserve(chunks_.size() + chunks);
-      blocks_.reserve(blocks_.size() + 1);
-      T* const block = std::allocator<T>().allocate(kChunk * chunks);
-      blocks_.push_back(block);  // cannot throw after the reserves, nor the chunks' below
-      limit_ = block;
-      block_end_ = block + kChunk * chunks;
-    }
-    chunks_.push_back(limit_);
-    next_ = limit_;
-    limit_ += kChunk;
+  T& element(size_t i) const {
+    const size_t b = 63 - static_cast<size_t>(__builtin_clzll((i >> kFirstBits) + 1));
+    return blocks_[b][i - (((size_t{1} << b) - 1) << kFirstBits)];
   }
 
-  std::vector<T*> chunks_;
-  std::vector<T*> blocks_;
-  T* next_ = nullptr;       // where the next element goes, in the last chunk
-  T* limit_ = nullptr;      // the end of the last chunk
-  T* block_end_ = nullptr;  // the end of the last block
+  void add_block() {
+    TORCH_CHECK(block_count_ < kMaxBlocks, "torchdefer: a recording list outgrew size_t");
+    const size_t capacity = kFirst << block_count_;
+    T* const block = std::allocator<T>().allocate(capacity);
+    blocks_[block_count_++] = block;
+    next_ = block;
+    limit_ = block + capacity;
+  }
+
+  T* blocks_[kMaxBlocks] = {};  // Note [A block table that never moves]
+  size_t block_count_ = 0;
+  T* next_ = nullptr;   // where the next element goes, in the last block
+  T* limit_ = nullptr;  // the end of the last block
   size_t size_ = 0;
 };
 
@@ -450,7 +457,7 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   // it (Note [Finding a fake's storage]).
   ska::flat_hash_map<const c10::StorageImpl*, int64_t> storage_index_;
   size_t indexed_storages_ = 0;
-  std::vector<std::shared_ptr<RngAnchor>> rng_anchors_;
+  StableVector<std::shared_ptr<RngAnchor>, 2> rng_anchors_;
   uint64_t random_ops_ = 0;
   const std::shared_future<uint64_t> counter_seed_;
   const bool exact_generator_;
