@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -31,16 +32,21 @@ def start() -> torch.device:
 
 
 def finish() -> None:
-    """Waits for every rank, then leaves the process group.
+    """Waits for every rank, leaves the process group and ends the process.
 
-    The barrier also keeps this process from exiting under Gloo's worker threads: FSDP2 keeps the
-    process group alive past ``destroy_process_group()``, a worker thread may still be dropping a
-    finished collective (which takes the GIL) when the last step returns, and one that does so
-    once the interpreter shuts down aborts the process ("terminate called without an active
-    exception"). The barrier's wait releases the GIL, so they finish first.
+    The process ends without the interpreter's shutdown (``os._exit``). FSDP2 keeps the process
+    group, and with it Gloo's worker threads, alive past ``destroy_process_group()``, and a
+    collective launched during backward holds a Python object (the context backward keeps in
+    thread-local state). A worker thread that drops the last reference to one after shutdown has
+    begun cannot take the GIL, and the process aborts ("terminate called without an active
+    exception"). A barrier alone makes that rarer, not impossible: the test runs the examples with
+    a slow GIL hand-off, under which it still failed one run in twelve.
     """
     dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def full_state(model: torch.nn.Module) -> dict:
