@@ -3,14 +3,15 @@
 #include <c10/util/Exception.h>
 
 #include <mutex>
+#include <string>
 
 #include <pthread.h>
 
 namespace torchdefer::detail {
 namespace {
 
-// Note [A recording and a torch-mode replay on two threads]: counts in the process and on this
-// thread, so that a thread's own recording and replay never refuse each other.
+// Note [Replays that lend themselves the default generator]: counts in the process and on this
+// thread, so that a thread's own recordings and replays never refuse each other.
 struct Users {
   std::mutex mutex;
   int recordings = 0;
@@ -41,17 +42,6 @@ Users& users() {
   return *all;
 }
 
-// Counts this thread in as one more of `kind` (recordings or replays), refused with `refusal`
-// while another thread is one of `other`.
-void count_in(int Users::*kind, int& mine, int Users::*other, int others_mine,
-              const char* refusal) {
-  Users& all = users();
-  const std::lock_guard<std::mutex> lock(all.mutex);
-  TORCH_CHECK(all.*other == others_mine, refusal);
-  ++(all.*kind);
-  ++mine;
-}
-
 void count_out(int Users::*kind, int& mine) {
   Users& all = users();
   const std::lock_guard<std::mutex> lock(all.mutex);
@@ -62,23 +52,47 @@ void count_out(int Users::*kind, int& mine) {
 }  // namespace
 
 void enter_recording() {
-  count_in(&Users::recordings, my_recordings, &Users::replays, my_replays,
-           "torchdefer: deferred_init cannot record while another thread materializes or reads "
-           "values in torch RNG mode: that replay lends itself the default CPU generator, and the "
-           "recording would place its random ops from the lent states instead of eager's. Record "
-           "after that materialization ends, or materialize with rng=\"counter\" there.");
+  Users& all = users();
+  const std::lock_guard<std::mutex> lock(all.mutex);
+  TORCH_CHECK(all.replays == my_replays,
+              "torchdefer: deferred_init cannot record while another thread materializes or reads "
+              "values with random ops that draw from the default CPU generator: that replay lends "
+              "itself the generator, and the recording would place its random ops from the lent "
+              "states instead of eager's. Record after that materialization ends, or materialize "
+              "there with rng=\"counter\" (which draws from the default generator only for ops "
+              "with no counter definition: randperm, multinomial).");
+  ++all.recordings;
+  ++my_recordings;
 }
 
 void leave_recording() { count_out(&Users::recordings, my_recordings); }
 
-TorchModeReplayMark::TorchModeReplayMark() {
-  count_in(&Users::replays, my_replays, &Users::recordings, my_recordings,
-           "torchdefer: cannot materialize or read values in torch RNG mode while another thread "
-           "is inside deferred_init: the replay lends itself the default CPU generator, and that "
-           "recording would place its random ops from the lent states instead of eager's. "
-           "Materialize after that deferred_init returns, or with rng=\"counter\".");
+DefaultGeneratorReplayMark::DefaultGeneratorReplayMark(const std::string& first_op,
+                                                       bool torch_mode) {
+  const std::string remedy =
+      torch_mode ? ", or materialize with rng=\"counter\""
+                 : " (in counter mode too: " + first_op + " has no counter definition)";
+  Users& all = users();
+  const std::lock_guard<std::mutex> lock(all.mutex);
+  TORCH_CHECK(all.recordings == my_recordings, "torchdefer: cannot materialize or read values (",
+              first_op,
+              " draws from the default CPU generator) while another thread is inside "
+              "deferred_init: the replay lends itself the generator, and that recording would "
+              "place its random ops from the lent states instead of eager's. Materialize after "
+              "that deferred_init returns",
+              remedy, ".");
+  TORCH_CHECK(all.replays == my_replays, "torchdefer: cannot materialize or read values (",
+              first_op,
+              " draws from the default CPU generator) while another thread materializes or reads "
+              "values that draw from it too: each replay lends itself the generator, and they "
+              "would draw from each other's states. Materialize one after the other",
+              remedy, ".");
+  ++all.replays;
+  ++my_replays;
 }
 
-TorchModeReplayMark::~TorchModeReplayMark() { count_out(&Users::replays, my_replays); }
+DefaultGeneratorReplayMark::~DefaultGeneratorReplayMark() {
+  count_out(&Users::replays, my_replays);
+}
 
 }  // namespace torchdefer::detail

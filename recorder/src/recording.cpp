@@ -1119,7 +1119,7 @@ RecordingScope::RecordingScope(std::string context, DeferredInitOptions options)
     : include_deferred_init_(kDeferredInitKey),
       saved_graph_(tls_graph),
       exact_generator_(options.exact_generator()) {
-  detail::enter_recording();  // Note [A recording and a torch-mode replay on two threads]
+  detail::enter_recording();  // Note [Replays that lend themselves the default generator]
   try {
     auto graph = std::make_shared<OpGraph>(std::move(context), detail::default_generator_digest(),
                                            options.exact_generator());

@@ -584,17 +584,35 @@ void GraphReplay::offer_end_anchor(const RecordedDraws& draws) {
   graph_->rng_anchor(draws.end_anchor)->offer(state);
 }
 
+// The first planned node that draws from the default CPU generator: in torch mode a random op
+// with no generator of its own, in counter mode one with no counter definition (run_counter_node
+// seeds the default generator for it).
+const RecordedNode* GraphReplay::first_default_generator_draw() const {
+  for (const int64_t index : nodes_) {
+    const RecordedNode& node = graph_->nodes()[index];
+    if (node.draws == nullptr) {
+      continue;
+    }
+    if (config_.counter_rng ? !has_counter_definition(node) : node.draws->generator_argument < 0) {
+      return &node;
+    }
+  }
+  return nullptr;
+}
+
 void GraphReplay::run(const ForeignValues& foreign,
                       const std::function<void(const std::string&)>& on_node) {
-  // Note [A recording and a torch-mode replay on two threads]
-  std::optional<TorchModeReplayMark> torch_mode;
-  if (!config_.counter_rng) {
-    torch_mode.emplace();
+  // Note [Replays that lend themselves the default generator]: a replay that draws nothing from
+  // it neither marks nor restores it, so it runs beside any other thread's.
+  std::optional<DefaultGeneratorReplayMark> lending;
+  std::optional<GeneratorLoan> restore_generator;
+  if (const RecordedNode* first = first_default_generator_draw()) {
+    lending.emplace(op_name(*first), !config_.counter_rng);
+    restore_generator.emplace();
   }
   foreign_ = &foreign;
   RealOnlyGuard real_only;
   c10::AutoGradMode no_grad(false);
-  GeneratorLoan restore_generator;
   for (auto position = nodes_.begin(); position != nodes_.end();) {
     for (int64_t ran = run_node(position); ran > 0; --ran, ++position) {
       if (on_node) {

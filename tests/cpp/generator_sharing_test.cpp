@@ -1,5 +1,6 @@
-// Note [A recording and a torch-mode replay on two threads]: the pair is refused at whichever
-// starts second; one thread may do both.
+// Note [Replays that lend themselves the default generator]: such a replay beside a recording or
+// another such replay on another thread is refused at whichever starts second; one thread may do
+// all of them.
 #include <torchdefer/deferred_init.h>
 #include <torchdefer/generator_sharing.h>
 
@@ -9,6 +10,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <string>
 #include <thread>
 
 namespace torchdefer {
@@ -52,10 +54,10 @@ void while_another_thread_holds(Hold hold, Body body) {
   other.join();
 }
 
-TEST(GeneratorSharing, ARecordingIsRefusedWhileAnotherThreadReplaysInTorchMode) {
+TEST(GeneratorSharing, ARecordingIsRefusedWhileAnotherThreadReplaysOnTheDefaultGenerator) {
   while_another_thread_holds(
       [](auto wait) {
-        detail::TorchModeReplayMark replaying;
+        detail::DefaultGeneratorReplayMark replaying("aten::uniform_", true);
         wait();
       },
       [] {
@@ -69,19 +71,43 @@ TEST(GeneratorSharing, ARecordingIsRefusedWhileAnotherThreadReplaysInTorchMode) 
   RecordingScope afterwards("a recording after the replay");  // nothing left marked
 }
 
-TEST(GeneratorSharing, ATorchModeReplayIsRefusedWhileAnotherThreadRecords) {
+TEST(GeneratorSharing, AReplayOnTheDefaultGeneratorIsRefusedWhileAnotherThreadRecords) {
   while_another_thread_holds(
       [](auto wait) {
         RecordingScope recording("a recording");
         wait();
       },
-      [] { EXPECT_THROW(detail::TorchModeReplayMark replaying, c10::Error); });
-  detail::TorchModeReplayMark afterwards;
+      [] {
+        EXPECT_THROW(detail::DefaultGeneratorReplayMark replaying("aten::uniform_", true),
+                     c10::Error);
+      });
+  detail::DefaultGeneratorReplayMark afterwards("aten::uniform_", true);
 }
 
-TEST(GeneratorSharing, OneThreadMayRecordAndReplayInTorchModeAtOnce) {
+TEST(GeneratorSharing, AReplayOnTheDefaultGeneratorIsRefusedWhileAnotherThreadRunsOne) {
+  while_another_thread_holds(
+      [](auto wait) {
+        detail::DefaultGeneratorReplayMark replaying("aten::uniform_", true);
+        wait();
+      },
+      [] {
+        try {
+          detail::DefaultGeneratorReplayMark replaying("aten::randperm", false);
+          FAIL() << "a second replay on the default generator started beside another thread's";
+        } catch (const c10::Error& e) {
+          const std::string message = e.what();
+          EXPECT_NE(message.find("aten::randperm"), std::string::npos) << message;
+          EXPECT_NE(message.find("one after the other"), std::string::npos) << message;
+          EXPECT_EQ(message.find("rng=\"counter\""), std::string::npos) << message;
+        }
+      });
+  detail::DefaultGeneratorReplayMark afterwards("aten::uniform_", true);
+}
+
+TEST(GeneratorSharing, OneThreadMayRecordAndReplayOnTheDefaultGeneratorAtOnce) {
   RecordingScope recording("a recording");
-  detail::TorchModeReplayMark replaying;
+  detail::DefaultGeneratorReplayMark replaying("aten::uniform_", true);
+  detail::DefaultGeneratorReplayMark nested_replay("aten::normal_", true);
   RecordingScope nested("a nested recording");
 }
 

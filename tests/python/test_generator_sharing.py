@@ -1,6 +1,7 @@
-"""Note [A recording and a torch-mode replay on two threads]: a torch-mode materialization on one
-thread while another thread is inside deferred_init is refused, since the replay would lend itself
-the default generator that the recording places its random ops on; a counter-mode one runs."""
+"""Note [Replays that lend themselves the default generator]: a materialization whose random ops
+draw from the default generator is refused while another thread is inside deferred_init (the
+recording places its random ops on that generator) or runs such a replay (each would draw from the
+other's states); a counter-mode one, and one that draws nothing, run."""
 
 import threading
 
@@ -52,3 +53,75 @@ def test_a_torch_mode_materialization_during_another_threads_recording_is_refuse
     assert_same_state(WaitsInsideItsConstructor(False), recorded["model"])
     torchdefer.materialize_module(elsewhere)  # the recording has ended: torch mode runs again
     assert not torchdefer.is_fake(elsewhere.weight)
+
+
+# A replay that stops inside its run until released: the custom op's CPU kernel runs only when a
+# materialization computes it, after the replay has marked itself (Note [Replays that lend
+# themselves the default generator]).
+replaying = threading.Event()
+resume = threading.Event()
+
+
+@torch.library.custom_op("torchdefer_tests::waits_in_replay", mutates_args=())
+def waits_in_replay(x: torch.Tensor) -> torch.Tensor:
+    replaying.set()
+    assert resume.wait(30)
+    return x.clone()
+
+
+@waits_in_replay.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class WaitsInItsReplay(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.empty(8).uniform_())
+        self.v = torch.nn.Parameter(waits_in_replay(torch.full((8,), 0.5)))
+
+
+class DrawsNothing(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.arange(6.0).reshape(2, 3) * 2)
+
+
+def test_a_second_replay_on_the_default_generator_is_refused_and_one_that_draws_nothing_runs():
+    replaying.clear()
+    resume.clear()
+    torch.manual_seed(0)
+    waiting = torchdefer.deferred_init(WaitsInItsReplay)
+    torch.manual_seed(1)
+    second = torchdefer.deferred_init(torch.nn.Linear, 4, 4)
+    counter = torchdefer.deferred_init(torch.nn.Linear, 4, 4)
+    nothing_random = torchdefer.deferred_init(DrawsNothing)
+    failures = []
+
+    def materialize():
+        try:
+            torchdefer.materialize_module(waiting)
+        except Exception as e:  # reported by the main thread
+            failures.append(e)
+            replaying.set()
+
+    thread = threading.Thread(target=materialize)
+    thread.start()
+    try:
+        assert replaying.wait(30)
+        with pytest.raises(RuntimeError, match="aten::uniform_.*one after the other"):
+            torchdefer.materialize_module(second)
+        assert torchdefer.is_fake(second.weight) and torchdefer.is_fake(second.bias)
+        torchdefer.materialize_module(nothing_random)
+        assert torch.equal(nothing_random.w, torch.arange(6.0).reshape(2, 3) * 2)
+        torchdefer.materialize_module(counter, rng="counter")
+        assert not torchdefer.is_fake(counter.weight)
+    finally:
+        resume.set()
+        thread.join()
+    assert not failures, failures
+    torch.manual_seed(0)
+    assert_same_state(WaitsInItsReplay(), waiting)
+    torchdefer.materialize_module(second)  # the other replay has ended: this one runs now
+    torch.manual_seed(1)
+    assert_same_state(torch.nn.Linear(4, 4), second)

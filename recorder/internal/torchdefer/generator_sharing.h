@@ -1,34 +1,43 @@
-// Who may use PyTorch's default CPU generator at once: a recording open on one thread and a
-// torch-mode replay on another are refused together.
+// Who may use PyTorch's default CPU generator at once: a replay that lends itself the generator is
+// refused while another thread records or runs such a replay.
 #pragma once
+
+#include <string>
 
 namespace torchdefer::detail {
 
-// Note [A recording and a torch-mode replay on two threads]
+// Note [Replays that lend themselves the default generator]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A torch-mode replay (a materialization, a value read) draws from the one default CPU generator:
-// it lends itself the generator (GeneratorLoan), sets it to each random node's state and restores
-// it at the end. A recording open on another thread at that time compares the generator with the
-// state it left before every random op (Note [Noticing a moved generator]), takes a lent state for
-// a move of its own, and places every later random op from it: weights that differ from eager's,
-// silently. Nothing orders the two threads' uses of the generator, so the pair is refused, at
-// whichever of the two starts second, with a message that says what to do. Both on one thread
-// (a value read inside the constructor, a materialization inside it) are fine, and so is a
-// counter-mode replay, which draws nothing from the default generator.
+// A replay (a materialization, a value read) whose random ops draw from the one default CPU
+// generator lends itself that generator (GeneratorLoan), sets it before each such op and restores
+// it at the end: every random op in torch RNG mode that names no generator of its own, and in
+// counter mode the ops with no counter definition (randperm, multinomial), which run on it seeded
+// from their stream. Nothing orders two threads' uses of the generator, so while it is lent:
+// - a recording open on another thread compares the generator with the state it left before every
+//   random op (Note [Noticing a moved generator]), takes a lent state for a move of its own, and
+//   places every later random op from it;
+// - a second such replay on another thread sets its own states in between the first one's, and
+//   each draws from the other's.
+// Both give weights that differ from eager's, silently, so the pair is refused at whichever of the
+// two starts second, with a message that says what to do. On one thread all of them are fine (a
+// value read inside a constructor, a materialization inside it or inside another replay), and so
+// is a replay that draws nothing from the default generator, on any thread.
 
-// A RecordingScope opening on this thread (throws if another thread is in a torch-mode replay),
-// and closing.
+// A RecordingScope opening on this thread (throws if another thread's replay lends itself the
+// default generator), and closing.
 void enter_recording();
 void leave_recording();
 
-// Marks a torch-mode replay running on this thread for its lifetime; throws if another thread
-// has a RecordingScope open.
-class TorchModeReplayMark {
+// Marks, for its lifetime, a replay on this thread that lends itself the default generator; throws
+// if another thread has a RecordingScope open or such a replay running. `first_op` names the
+// replay's first op that draws from the generator, for the message; `torch_mode` says whether
+// rng="counter" is a way out.
+class DefaultGeneratorReplayMark {
  public:
-  TorchModeReplayMark();
-  ~TorchModeReplayMark();
-  TorchModeReplayMark(const TorchModeReplayMark&) = delete;
-  TorchModeReplayMark& operator=(const TorchModeReplayMark&) = delete;
+  DefaultGeneratorReplayMark(const std::string& first_op, bool torch_mode);
+  ~DefaultGeneratorReplayMark();
+  DefaultGeneratorReplayMark(const DefaultGeneratorReplayMark&) = delete;
+  DefaultGeneratorReplayMark& operator=(const DefaultGeneratorReplayMark&) = delete;
 };
 
 }  // namespace torchdefer::detail
