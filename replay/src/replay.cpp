@@ -522,6 +522,55 @@ int64_t GraphReplay::run_fill_in_parts_from(std::set<int64_t>::const_iterator fi
   return 1 + static_cast<int64_t>(followers.size());
 }
 
+namespace {
+
+// Note [An untagged op that draws]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// deferred_init knows that an op draws random numbers by ATen's nondeterministic_seeded tag. An op
+// of another library (a custom op, registered from Python or C++) whose kernel draws from the
+// default CPU generator without that tag is recorded as an op that draws nothing: recording
+// places no draws for it, so neither its values nor those of the random ops recorded after it
+// can be eager's, and at materialization it draws from wherever the generator is. Recording cannot
+// tell, since only its fake kernel runs there; replay can. Every node of an op outside ATen (and
+// torchdefer) is run between two reads of the default CPU generator's engine (two 2.5 KB copies,
+// next to a real kernel on real memory), and a moved engine is put back and refused with the op's
+// name and the tag to add: the materialization fails whole and leaves the model fake (Note
+// [Replay is all or nothing]). ATen's ops are known by their tags and run unwatched; a custom op
+// that draws from a CUDA generator is not noticed (docs/python.md, known limits).
+bool outside_aten(const RecordedNode& node) {
+  const std::string& name = node.op.schema().name();
+  return name.rfind("aten::", 0) != 0 && name.rfind("prims::", 0) != 0 &&
+         name.rfind("torchdefer::", 0) != 0;
+}
+
+void call_watching_the_default_generator(const RecordedNode& node, torch::jit::Stack& stack) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  auto* impl = at::check_generator<at::CPUGeneratorImpl>(generator);
+  at::mt19937 before;
+  {
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    before = impl->engine();
+  }
+  node.op.callBoxed(&stack);
+  bool moved = false;
+  {
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    moved = !same_engine(impl->engine().data(), before.data());
+    if (moved) {
+      impl->set_engine(before);
+    }
+  }
+  TORCH_CHECK(!moved, "torchdefer: ", op_name(node),
+              " drew from the default CPU generator when materialization ran it, but it has no "
+              "nondeterministic_seeded tag, so deferred_init recorded it as an op that draws "
+              "nothing: its values, and those of the random ops recorded after it, would differ "
+              "from eager's. Register the op with that tag (torch.library.custom_op(..., "
+              "tags=(torch.Tag.nondeterministic_seeded,)), or the tags of its TORCH_LIBRARY "
+              "schema) and record the model again.");
+}
+
+}  // namespace
+
 int64_t GraphReplay::run_node(std::set<int64_t>::const_iterator position) {
   const int64_t index = *position;
   const RecordedNode& node = graph_->nodes()[index];
@@ -547,6 +596,8 @@ int64_t GraphReplay::run_node(std::set<int64_t>::const_iterator position) {
       node.op.callBoxed(&stack);  // Note [Torch-mode fills in parts] says when it runs whole
       ran = 1;
     }
+  } else if (outside_aten(node)) {
+    call_watching_the_default_generator(node, stack);  // Note [An untagged op that draws]
   } else {
     node.op.callBoxed(&stack);
   }
