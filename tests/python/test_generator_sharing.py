@@ -3,6 +3,7 @@ draw from the default generator is refused while another thread is inside deferr
 recording places its random ops on that generator) or runs such a replay (each would draw from the
 other's states); a counter-mode one, and one that draws nothing, run."""
 
+import contextlib
 import threading
 
 import pytest
@@ -13,6 +14,20 @@ from test_recording_state import assert_same_state
 
 inside = threading.Event()
 release = threading.Event()
+
+
+@contextlib.contextmanager
+def another_thread_waiting(target, waiting: threading.Event, release_it: threading.Event):
+    """Runs `target` on another thread until it sets `waiting`, and the body while it waits there;
+    then sets `release_it` and joins it."""
+    thread = threading.Thread(target=target)
+    thread.start()
+    try:
+        assert waiting.wait(30)
+        yield
+    finally:
+        release_it.set()
+        thread.join()
 
 
 class WaitsInsideItsConstructor(torch.nn.Module):
@@ -37,17 +52,11 @@ def test_a_torch_mode_materialization_during_another_threads_recording_is_refuse
         torch.manual_seed(0)
         recorded["model"] = torchdefer.deferred_init(WaitsInsideItsConstructor, True)
 
-    thread = threading.Thread(target=record)
-    thread.start()
-    try:
-        assert inside.wait(30)
+    with another_thread_waiting(record, inside, release):
         with pytest.raises(RuntimeError, match="while another thread is inside deferred_init"):
             torchdefer.materialize_module(elsewhere)
         torchdefer.materialize_module(counter, rng="counter")
         assert not torchdefer.is_fake(counter.weight)
-    finally:
-        release.set()
-        thread.join()
     torchdefer.materialize_module(recorded["model"])
     torch.manual_seed(0)
     assert_same_state(WaitsInsideItsConstructor(False), recorded["model"])
@@ -105,10 +114,7 @@ def test_a_second_replay_on_the_default_generator_is_refused_and_one_that_draws_
             failures.append(e)
             replaying.set()
 
-    thread = threading.Thread(target=materialize)
-    thread.start()
-    try:
-        assert replaying.wait(30)
+    with another_thread_waiting(materialize, replaying, resume):
         with pytest.raises(RuntimeError, match="aten::uniform_.*one after the other"):
             torchdefer.materialize_module(second)
         assert torchdefer.is_fake(second.weight) and torchdefer.is_fake(second.bias)
@@ -116,9 +122,6 @@ def test_a_second_replay_on_the_default_generator_is_refused_and_one_that_draws_
         assert torch.equal(nothing_random.w, torch.arange(6.0).reshape(2, 3) * 2)
         torchdefer.materialize_module(counter, rng="counter")
         assert not torchdefer.is_fake(counter.weight)
-    finally:
-        resume.set()
-        thread.join()
     assert not failures, failures
     torch.manual_seed(0)
     assert_same_state(WaitsInItsReplay(), waiting)
