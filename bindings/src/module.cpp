@@ -222,7 +222,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("can_materialize", [](const at::Tensor& t) { return can_materialize(t); });
   m.def("describe", [](const at::Tensor& t) { return describe(t); });
   m.def("explain", [](const at::Tensor& t) { return explain(t); });
-  m.def("read_values", [](const at::Tensor& t) { return read_values(t); });
+  // Without the GIL: a replay may wait for another thread's (Note [Replays that lend themselves the
+  // default generator]), which may need it.
+  m.def(
+      "read_values", [](const at::Tensor& t) { return read_values(t); },
+      py::call_guard<py::gil_scoped_release>());
   m.def("shard_info", [](const at::Tensor& t) -> py::object {
     const std::optional<ShardInfo> info = shard_info(t);
     if (!info) {

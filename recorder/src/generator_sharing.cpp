@@ -2,7 +2,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <condition_variable>
 #include <mutex>
+#include <new>
 #include <string>
 
 #include <pthread.h>
@@ -14,6 +16,7 @@ namespace {
 // thread, so that a thread's own recordings and replays never refuse each other.
 struct Users {
   std::mutex mutex;
+  std::condition_variable replay_ended;  // what a replay waiting for another thread's waits on
   int recordings = 0;
   int replays = 0;
 };
@@ -29,6 +32,8 @@ void unlock_after_fork() { the_users->mutex.unlock(); }
 void reset_in_child() {
   the_users->recordings = my_recordings;
   the_users->replays = my_replays;
+  // Made anew, not destroyed: the parent's threads that waited on it are not in the child.
+  new (&the_users->replay_ended) std::condition_variable();
   the_users->mutex.unlock();
 }
 
@@ -44,9 +49,12 @@ Users& users() {
 
 void count_out(int Users::*kind, int& mine) {
   Users& all = users();
-  const std::lock_guard<std::mutex> lock(all.mutex);
-  --(all.*kind);
-  --mine;
+  {
+    const std::lock_guard<std::mutex> lock(all.mutex);
+    --(all.*kind);
+    --mine;
+  }
+  all.replay_ended.notify_all();
 }
 
 }  // namespace
@@ -69,24 +77,18 @@ void leave_recording() { count_out(&Users::recordings, my_recordings); }
 
 DefaultGeneratorReplayMark::DefaultGeneratorReplayMark(const std::string& first_op,
                                                        bool torch_mode) {
-  const std::string remedy =
-      torch_mode ? ", or materialize with rng=\"counter\""
-                 : " (in counter mode too: " + first_op + " has no counter definition)";
   Users& all = users();
-  const std::lock_guard<std::mutex> lock(all.mutex);
+  std::unique_lock<std::mutex> lock(all.mutex);
+  all.replay_ended.wait(
+      lock, [&] { return all.replays == my_replays || all.recordings != my_recordings; });
   TORCH_CHECK(all.recordings == my_recordings, "torchdefer: cannot materialize or read values (",
               first_op,
               " draws from the default CPU generator) while another thread is inside "
               "deferred_init: the replay lends itself the generator, and that recording would "
               "place its random ops from the lent states instead of eager's. Materialize after "
               "that deferred_init returns",
-              remedy, ".");
-  TORCH_CHECK(all.replays == my_replays, "torchdefer: cannot materialize or read values (",
-              first_op,
-              " draws from the default CPU generator) while another thread materializes or reads "
-              "values that draw from it too: each replay lends itself the generator, and they "
-              "would draw from each other's states. Materialize one after the other",
-              remedy, ".");
+              torch_mode ? std::string(", or with rng=\"counter\".")
+                         : " (in counter mode too: " + first_op + " has no counter definition).");
   ++all.replays;
   ++my_replays;
 }

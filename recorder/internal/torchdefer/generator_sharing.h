@@ -1,5 +1,5 @@
-// Who may use PyTorch's default CPU generator at once: a replay that lends itself the generator is
-// refused while another thread records or runs such a replay.
+// Who may use PyTorch's default CPU generator at once: a replay that lends itself the generator
+// waits for another thread's such replay, and is refused beside another thread's recording.
 #pragma once
 
 #include <string>
@@ -12,26 +12,29 @@ namespace torchdefer::detail {
 // generator lends itself that generator (GeneratorLoan), sets it before each such op and restores
 // it at the end: every random op in torch RNG mode that names no generator of its own, and in
 // counter mode the ops with no counter definition (randperm, multinomial), which run on it seeded
-// from their stream. Nothing orders two threads' uses of the generator, so while it is lent:
-// - a recording open on another thread compares the generator with the state it left before every
-//   random op (Note [Noticing a moved generator]), takes a lent state for a move of its own, and
-//   places every later random op from it;
-// - a second such replay on another thread sets its own states in between the first one's, and
-//   each draws from the other's.
-// Both give weights that differ from eager's, silently, so the pair is refused at whichever of the
-// two starts second, with a message that says what to do. On one thread all of them are fine (a
-// value read inside a constructor, a materialization inside it or inside another replay), and so
-// is a replay that draws nothing from the default generator, on any thread.
+// from their stream. Nothing else orders two threads' uses of the generator, so:
+// - Two such replays on two threads would each set their states in between the other's and draw
+//   from them. The second waits until the first ends, and both give eager's bits: two threads
+//   materializing two models at once run their generator-drawing replays one after the other.
+// - A recording open on another thread compares the generator with the state it left before every
+//   random op (Note [Noticing a moved generator]), would take a lent state for a move of its own,
+//   and place every later random op from it. A recording cannot wait (its constructor code runs
+//   on, and its random ops interleave with whatever that code does), so the pair is refused at
+//   whichever of the two starts second, with a message that says what to do.
+// On one thread all of them are fine (a value read inside a constructor, a materialization inside
+// it or inside another replay), and a replay that draws nothing from the default generator marks
+// nothing and runs beside anything. A replay waiting for another must not be what that one waits
+// for: a custom op kernel that blocks on the waiting thread deadlocks.
 
 // A RecordingScope opening on this thread (throws if another thread's replay lends itself the
 // default generator), and closing.
 void enter_recording();
 void leave_recording();
 
-// Marks, for its lifetime, a replay on this thread that lends itself the default generator; throws
-// if another thread has a RecordingScope open or such a replay running. `first_op` names the
-// replay's first op that draws from the generator, for the message; `torch_mode` says whether
-// rng="counter" is a way out.
+// Marks, for its lifetime, a replay on this thread that lends itself the default generator: waits
+// while another thread runs such a replay, and throws if another thread has a RecordingScope
+// open. `first_op` names the replay's first op that draws from the generator, for the message;
+// `torch_mode` says whether rng="counter" is a way out.
 class DefaultGeneratorReplayMark {
  public:
   DefaultGeneratorReplayMark(const std::string& first_op, bool torch_mode);
