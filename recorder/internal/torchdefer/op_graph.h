@@ -128,11 +128,12 @@ struct RecordedDraws {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The blocks are reached through a table of fixed size, one slot per block that can exist, so an
 // append writes only memory no reader uses yet: a new element and, for a new block, a new slot.
-// A replay reads the nodes, values and storages it planned without the graph's lock, while another
-// thread may go on recording into the same graph (ops on its fakes after deferred_init returned).
-// A table that grew (a std::vector of chunk pointers, as this once was) was freed under that
-// reader. Element i is in block b = floor(log2(i / 2^kFirstBits + 1)), which starts at element
-// 2^kFirstBits * (2^b - 1): indexing is a shift, a bit scan and a subtraction.
+// A replay reads the nodes, values and storages it planned, and its commit writes the real
+// storages of those storages, without the graph's lock, while another thread may go on recording
+// into the same graph (ops on its fakes after deferred_init returned). A table that grew (a
+// std::vector, as these once were) was freed under that reader or writer. Element i is in block b =
+// floor(log2(i / 2^kFirstBits + 1)), which starts at element 2^kFirstBits * (2^b - 1): indexing is
+// a shift, a bit scan and a subtraction.
 template <typename T, size_t kFirstBits = 8>
 class StableVector {
   static constexpr size_t kFirst = size_t{1} << kFirstBits;
@@ -451,8 +452,8 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   ListArena<int64_t> geometry_;           // every value's sizes and strides
   ListArena<c10::IValue> own_arguments_;  // Note [A recording's own lists]
   ListArena<RecordedInput> own_inputs_;
-  // Per storage, what set_real_storage() recorded.
-  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> real_storages_;
+  // Per storage, what set_real_storage() recorded (Note [A block table that never moves]).
+  StableVector<c10::weak_intrusive_ptr<c10::StorageImpl>> real_storages_;
   // Open addressing, keyed by identity: storages_[0, indexed_storages_), filled when a lookup needs
   // it (Note [Finding a fake's storage]).
   ska::flat_hash_map<const c10::StorageImpl*, int64_t> storage_index_;
