@@ -76,19 +76,18 @@ void enter_recording() {
 void leave_recording() { count_out(&Users::recordings, my_recordings); }
 
 DefaultGeneratorReplayMark::DefaultGeneratorReplayMark(const std::string& first_op,
-                                                       bool torch_mode) {
+                                                       bool counter_is_a_way_out) {
   Users& all = users();
   std::unique_lock<std::mutex> lock(all.mutex);
   all.replay_ended.wait(
       lock, [&] { return all.replays == my_replays || all.recordings != my_recordings; });
   TORCH_CHECK(all.recordings == my_recordings, "torchdefer: cannot materialize or read values (",
               first_op,
-              " draws from the default CPU generator) while another thread is inside "
+              " may draw from the default CPU generator) while another thread is inside "
               "deferred_init: the replay lends itself the generator, and that recording would "
               "place its random ops from the lent states instead of eager's. Materialize after "
               "that deferred_init returns",
-              torch_mode ? std::string(", or with rng=\"counter\".")
-                         : " (in counter mode too: " + first_op + " has no counter definition).");
+              counter_is_a_way_out ? ", or with rng=\"counter\"." : ".");
   ++all.replays;
   ++my_replays;
 }

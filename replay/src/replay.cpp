@@ -531,12 +531,16 @@ namespace {
 // default CPU generator without that tag is recorded as an op that draws nothing: recording
 // places no draws for it, so neither its values nor those of the random ops recorded after it
 // can be eager's, and at materialization it draws from wherever the generator is. Recording cannot
-// tell, since only its fake kernel runs there; replay can. Every node of an op outside ATen (and
-// torchdefer) is run between two reads of the default CPU generator's engine (two 2.5 KB copies,
-// next to a real kernel on real memory), and a moved engine is put back and refused with the op's
-// name and the tag to add: the materialization fails whole and leaves the model fake (Note
-// [Replay is all or nothing]). ATen's ops are known by their tags and run unwatched; a custom op
-// that draws from a CUDA generator is not noticed (docs/python.md, known limits).
+// tell, since only its fake kernel runs there; replay can. A replay whose plan holds a node of an
+// op outside ATen (and torchdefer) with no recorded draws lends itself the default generator as a
+// drawing replay does (Note [Replays that lend themselves the default generator]: no other
+// thread's replay sets it meanwhile, and its whole state is restored when the replay ends), and
+// runs each such node between two reads of the generator's engine (two 2.5 KB copies, next to a
+// real kernel on real memory). A moved engine is refused with the op's name and the tag to add:
+// the materialization fails whole and leaves the model fake (Note [Replay is all or nothing]).
+// ATen's ops are known by their tags and run unwatched, as do ops recorded with their draws (a
+// tagged custom op). A custom op that draws from a CUDA generator, or from a torch.Generator of
+// its own, is not noticed (docs/python.md, known limits).
 bool outside_aten(const RecordedNode& node) {
   const std::string& name = node.op.schema().name();
   return name.rfind("aten::", 0) != 0 && name.rfind("prims::", 0) != 0 &&
@@ -556,9 +560,6 @@ void call_watching_the_default_generator(const RecordedNode& node, torch::jit::S
   {
     const std::lock_guard<std::mutex> lock(generator.mutex());
     moved = !same_engine(impl->engine().data(), before.data());
-    if (moved) {
-      impl->set_engine(before);
-    }
   }
   TORCH_CHECK(!moved, "torchdefer: ", op_name(node),
               " drew from the default CPU generator when materialization ran it, but it has no "
@@ -566,7 +567,8 @@ void call_watching_the_default_generator(const RecordedNode& node, torch::jit::S
               "nothing: its values, and those of the random ops recorded after it, would differ "
               "from eager's. Register the op with that tag (torch.library.custom_op(..., "
               "tags=(torch.Tag.nondeterministic_seeded,)), or the tags of its TORCH_LIBRARY "
-              "schema) and record the model again.");
+              "schema) and record the model again. (Code on another thread that drew from the "
+              "default generator while the op ran looks the same.)");
 }
 
 }  // namespace
@@ -596,7 +598,7 @@ int64_t GraphReplay::run_node(std::set<int64_t>::const_iterator position) {
       node.op.callBoxed(&stack);  // Note [Torch-mode fills in parts] says when it runs whole
       ran = 1;
     }
-  } else if (outside_aten(node)) {
+  } else if (node.draws == nullptr && outside_aten(node)) {
     call_watching_the_default_generator(node, stack);  // Note [An untagged op that draws]
   } else {
     node.op.callBoxed(&stack);
@@ -635,30 +637,34 @@ void GraphReplay::offer_end_anchor(const RecordedDraws& draws) {
   graph_->rng_anchor(draws.end_anchor)->offer(state);
 }
 
-// The first planned node that draws from the default CPU generator: in torch mode a random op
-// with no generator of its own, in counter mode one with no counter definition (run_counter_node
-// seeds the default generator for it).
-const RecordedNode* GraphReplay::first_default_generator_draw() const {
-  for (const int64_t index : nodes_) {
-    const RecordedNode& node = graph_->nodes()[index];
-    if (node.draws == nullptr) {
-      continue;
-    }
-    if (config_.counter_rng ? !has_counter_definition(node) : node.draws->generator_argument < 0) {
-      return &node;
-    }
+// Whether replaying `node` may touch the default CPU generator: a random op, in torch mode when it
+// has no generator of its own, in counter mode when it has no counter definition
+// (run_counter_node seeds the default generator for it); and a node watched for drawing untagged
+// (Note [An untagged op that draws]).
+bool GraphReplay::uses_default_generator(const RecordedNode& node, bool counter_rng) const {
+  if (node.draws == nullptr) {
+    return outside_aten(node);
   }
-  return nullptr;
+  return counter_rng ? !has_counter_definition(node) : node.draws->generator_argument < 0;
 }
 
 void GraphReplay::run(const ForeignValues& foreign,
                       const std::function<void(const std::string&)>& on_node) {
   // Note [Replays that lend themselves the default generator]: a replay that draws nothing from
   // it neither marks nor restores it, so it runs beside any other thread's.
+  const RecordedNode* first_user = nullptr;
+  bool counter_draws_nothing = true;
+  for (const int64_t index : nodes_) {
+    const RecordedNode& node = graph_->nodes()[index];
+    if (first_user == nullptr && uses_default_generator(node, config_.counter_rng)) {
+      first_user = &node;
+    }
+    counter_draws_nothing = counter_draws_nothing && !uses_default_generator(node, true);
+  }
   std::optional<DefaultGeneratorReplayMark> lending;
   std::optional<GeneratorLoan> restore_generator;
-  if (const RecordedNode* first = first_default_generator_draw()) {
-    lending.emplace(op_name(*first), !config_.counter_rng);
+  if (first_user != nullptr) {
+    lending.emplace(op_name(*first_user), !config_.counter_rng && counter_draws_nothing);
     restore_generator.emplace();
   }
   foreign_ = &foreign;

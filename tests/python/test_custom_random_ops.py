@@ -15,6 +15,11 @@ def noise_untagged(x: torch.Tensor) -> torch.Tensor:
     return x + torch.rand(x.shape)
 
 
+@torch.library.custom_op("torchdefer_tests::normal_untagged", mutates_args=())
+def normal_untagged(x: torch.Tensor) -> torch.Tensor:
+    return x + torch.randn(1)  # one normal: the generator caches the other of its pair
+
+
 @torch.library.custom_op(
     "torchdefer_tests::noise_tagged", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,)
 )
@@ -27,7 +32,7 @@ def twice(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
-for op in (noise_untagged, noise_tagged, twice):
+for op in (noise_untagged, normal_untagged, noise_tagged, twice):
     op.register_fake(lambda x: torch.empty_like(x))
 
 
@@ -49,16 +54,31 @@ def test_a_tagged_custom_random_op_gives_eagers_bits_and_generator():
     assert torch.equal(eager_next, deferred_next)
 
 
-def test_an_untagged_custom_op_that_draws_is_refused_at_materialization_and_changes_nothing():
+def test_a_tagged_custom_random_op_materializes_in_counter_mode_and_as_shards():
     torch.manual_seed(0)
-    deferred = torchdefer.deferred_init(Noisy, noise_untagged)
+    whole = torchdefer.deferred_init(Noisy, noise_tagged)
+    torchdefer.materialize_module(whole, rng="counter")
+    torch.manual_seed(0)
+    again = torchdefer.deferred_init(Noisy, noise_tagged)
+    torchdefer.materialize_module(again, rng="counter")
+    assert torch.equal(whole.w, again.w) and torch.equal(whole.v, again.v)
+    torch.manual_seed(0)
+    sharded = torchdefer.deferred_init(Noisy, noise_tagged)
+    torchdefer.materialize_module(sharded, shard=torchdefer.Shard(0, 2))
+    assert not torchdefer.is_fake(sharded.w) and not torchdefer.is_fake(sharded.v)
+
+
+@pytest.mark.parametrize("op", [noise_untagged, normal_untagged], ids=["rand", "randn"])
+def test_an_untagged_custom_op_that_draws_is_refused_at_materialization_and_changes_nothing(op):
+    torch.manual_seed(0)
+    deferred = torchdefer.deferred_init(Noisy, op)
     state = torch.get_rng_state()
-    refusal = "noise_untagged drew from the default CPU generator.*nondeterministic_seeded"
+    refusal = "_untagged drew from the default CPU generator.*nondeterministic_seeded"
     with pytest.raises(RuntimeError, match=refusal):
         torchdefer.materialize_module(deferred)
     assert torch.equal(torch.get_rng_state(), state)
     assert torchdefer.is_fake(deferred.w) and torchdefer.is_fake(deferred.v)
-    with pytest.raises(RuntimeError, match="noise_untagged drew"):
+    with pytest.raises(RuntimeError, match="_untagged drew"):
         torchdefer.materialize_module(deferred, rng="counter")
     assert torch.equal(torch.get_rng_state(), state)
 

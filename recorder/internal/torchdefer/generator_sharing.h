@@ -33,11 +33,11 @@ void leave_recording();
 
 // Marks, for its lifetime, a replay on this thread that lends itself the default generator: waits
 // while another thread runs such a replay, and throws if another thread has a RecordingScope
-// open. `first_op` names the replay's first op that draws from the generator, for the message;
-// `torch_mode` says whether rng="counter" is a way out.
+// open. `first_op` names the replay's first op that may draw from the generator, for the message;
+// `counter_is_a_way_out` says whether the replay would draw nothing from it with rng="counter".
 class DefaultGeneratorReplayMark {
  public:
-  DefaultGeneratorReplayMark(const std::string& first_op, bool torch_mode);
+  DefaultGeneratorReplayMark(const std::string& first_op, bool counter_is_a_way_out);
   ~DefaultGeneratorReplayMark();
   DefaultGeneratorReplayMark(const DefaultGeneratorReplayMark&) = delete;
   DefaultGeneratorReplayMark& operator=(const DefaultGeneratorReplayMark&) = delete;
