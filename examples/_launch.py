@@ -40,7 +40,8 @@ def finish() -> None:
     thread-local state). A worker thread that drops the last reference to one after shutdown has
     begun cannot take the GIL, and the process aborts ("terminate called without an active
     exception"). A barrier alone makes that rarer, not impossible: the test runs the examples with
-    a slow GIL hand-off, under which it still failed one run in twelve.
+    a slow GIL hand-off, under which it still failed one run in twelve. A script of your own that
+    ends this way skips ``atexit`` handlers too: flush or close loggers (TensorBoard, wandb) first.
     """
     dist.barrier()
     dist.destroy_process_group()
