@@ -158,8 +158,8 @@ class StableVector {
   const T& operator[](size_t i) const { return element(i); }
   T& operator[](size_t i) { return element(i); }
   const T& front() const { return blocks_[0][0]; }
-  const T& back() const { return next_[-1]; }
-  T& back() { return next_[-1]; }
+  const T& back() const { return element(size_ - 1); }
+  T& back() { return element(size_ - 1); }
 
   // Constructs the element from `args`, or aggregate-initializes it where T has no such
   // constructor (RecordedNode); with no arguments, default-initializes it (no zeroing first).
