@@ -59,21 +59,42 @@ void count_out(int Users::*kind, int& mine) {
 
 }  // namespace
 
-void enter_recording() {
+// Counts this thread in as one more recording, or refuses with `refusal` while another thread's
+// replay lends itself the default generator.
+void count_in_recording(const std::string& refusal) {
   Users& all = users();
   const std::lock_guard<std::mutex> lock(all.mutex);
-  TORCH_CHECK(all.replays == my_replays,
-              "torchdefer: deferred_init cannot record while another thread materializes or reads "
-              "values with random ops that draw from the default CPU generator: that replay lends "
-              "itself the generator, and the recording would place its random ops from the lent "
-              "states instead of eager's. Record after that materialization ends, or materialize "
-              "there with rng=\"counter\" (which draws from the default generator only for ops "
-              "with no counter definition: randperm, multinomial).");
+  TORCH_CHECK(all.replays == my_replays, refusal);
   ++all.recordings;
   ++my_recordings;
 }
 
+constexpr const char* kLentGenerator =
+    "another thread materializes or reads values with random ops that draw from the default CPU "
+    "generator: that replay lends itself the generator, and ";
+
+void enter_recording() {
+  count_in_recording(std::string("torchdefer: deferred_init cannot record while ") +
+                     kLentGenerator +
+                     "the recording would place its random ops from the lent states instead of "
+                     "eager's. Record after that materialization ends, or materialize there with "
+                     "rng=\"counter\" (which draws from the default generator only for ops with "
+                     "no counter definition: randperm, multinomial).");
+}
+
 void leave_recording() { count_out(&Users::recordings, my_recordings); }
+
+RandomOpAfterReturnMark::RandomOpAfterReturnMark(const std::string& op) {
+  count_in_recording("torchdefer: cannot record " + op + " on a deferred model's fakes while " +
+                     kLentGenerator +
+                     "the op would be placed from a lent state instead of where eager draws it. "
+                     "Record it after that materialization ends, or materialize there with "
+                     "rng=\"counter\".");
+}
+
+RandomOpAfterReturnMark::~RandomOpAfterReturnMark() {
+  count_out(&Users::recordings, my_recordings);
+}
 
 DefaultGeneratorReplayMark::DefaultGeneratorReplayMark(const std::string& first_op,
                                                        bool counter_is_a_way_out) {

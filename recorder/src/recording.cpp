@@ -796,6 +796,11 @@ class Recorder {
     if (facts_.random) {
       const at::Tensor& target =
           written_.empty() ? first_fake(fake_outputs) : written_.front().tensor;
+      // Note [Replays that lend themselves the default generator]
+      std::optional<detail::RandomOpAfterReturnMark> after_return;
+      if (tls_graph == nullptr) {
+        after_return.emplace(facts_.name);
+      }
       draws = detail::place_random_node(graph_owner(), described_node(), target, arguments_,
                                         tls_graph != nullptr);
     }

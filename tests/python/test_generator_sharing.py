@@ -139,3 +139,33 @@ def test_a_second_replay_on_the_default_generator_waits_and_one_that_draws_nothi
     assert_same_state(WaitsInItsReplay(), waiting)
     torch.manual_seed(1)
     assert_same_state(torch.nn.Linear(4, 4), second)
+
+
+def test_a_random_op_on_a_returned_models_fakes_is_refused_while_another_thread_lends_the_generator():
+    replaying.clear()
+    resume.clear()
+    torch.manual_seed(0)
+    waiting = torchdefer.deferred_init(WaitsInItsReplay)
+    torch.manual_seed(1)
+    later = torchdefer.deferred_init(torch.nn.Linear, 4, 4)
+    failures = []
+
+    def materialize():
+        try:
+            torchdefer.materialize_module(waiting)
+        except Exception as e:  # reported by the main thread
+            failures.append(e)
+            replaying.set()
+
+    with another_thread_waiting(materialize, replaying, resume):
+        with pytest.raises(RuntimeError, match="cannot record aten::normal_ on a deferred model's fakes"):
+            torch.nn.init.normal_(later.weight)
+    assert not failures, failures
+    torch.manual_seed(2)
+    torch.nn.init.normal_(later.weight)  # no replay lends the generator now: recorded
+    torchdefer.materialize_module(later)
+    torch.manual_seed(1)
+    eager = torch.nn.Linear(4, 4)
+    torch.manual_seed(2)
+    torch.nn.init.normal_(eager.weight)
+    assert_same_state(eager, later)

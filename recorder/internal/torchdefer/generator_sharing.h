@@ -20,7 +20,8 @@ namespace torchdefer::detail {
 //   random op (Note [Noticing a moved generator]), would take a lent state for a move of its own,
 //   and place every later random op from it. A recording cannot wait (its constructor code runs
 //   on, and its random ops interleave with whatever that code does), so the pair is refused at
-//   whichever of the two starts second, with a message that says what to do.
+//   whichever of the two starts second, with a message that says what to do. So is a random op
+//   recorded on a returned model's fakes, which is placed from the generator the same way.
 // On one thread all of them are fine (a value read inside a constructor, a materialization inside
 // it or inside another replay), and a replay that draws nothing from the default generator marks
 // nothing and runs beside anything. A replay waiting for another must not be what that one waits
@@ -30,6 +31,17 @@ namespace torchdefer::detail {
 // default generator), and closing.
 void enter_recording();
 void leave_recording();
+
+// Marks, for its lifetime, the placing of random op `op` recorded on a returned model's fakes (no
+// RecordingScope open: an init_weights() after deferred_init), which reads the default generator
+// as a recording does; throws if another thread's replay lends itself the generator.
+class RandomOpAfterReturnMark {
+ public:
+  explicit RandomOpAfterReturnMark(const std::string& op);
+  ~RandomOpAfterReturnMark();
+  RandomOpAfterReturnMark(const RandomOpAfterReturnMark&) = delete;
+  RandomOpAfterReturnMark& operator=(const RandomOpAfterReturnMark&) = delete;
+};
 
 // Marks, for its lifetime, a replay on this thread that lends itself the default generator: waits
 // while another thread runs such a replay, and throws if another thread has a RecordingScope
