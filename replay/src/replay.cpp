@@ -571,6 +571,17 @@ void call_watching_the_default_generator(const RecordedNode& node, torch::jit::S
               "default generator while the op ran looks the same.)");
 }
 
+// Whether replaying `node` may touch the default CPU generator: a random op, in torch mode when it
+// has no generator of its own, in counter mode when it has no counter definition
+// (run_counter_node seeds the default generator for it); and a node watched for drawing untagged
+// (Note [An untagged op that draws]).
+bool uses_default_generator(const RecordedNode& node, bool counter_rng) {
+  if (node.draws == nullptr) {
+    return outside_aten(node);
+  }
+  return counter_rng ? !has_counter_definition(node) : node.draws->generator_argument < 0;
+}
+
 }  // namespace
 
 int64_t GraphReplay::run_node(std::set<int64_t>::const_iterator position) {
@@ -635,17 +646,6 @@ void GraphReplay::offer_end_anchor(const RecordedDraws& draws) {
     state = generator.get_state();
   }
   graph_->rng_anchor(draws.end_anchor)->offer(state);
-}
-
-// Whether replaying `node` may touch the default CPU generator: a random op, in torch mode when it
-// has no generator of its own, in counter mode when it has no counter definition
-// (run_counter_node seeds the default generator for it); and a node watched for drawing untagged
-// (Note [An untagged op that draws]).
-bool GraphReplay::uses_default_generator(const RecordedNode& node, bool counter_rng) const {
-  if (node.draws == nullptr) {
-    return outside_aten(node);
-  }
-  return counter_rng ? !has_counter_definition(node) : node.draws->generator_argument < 0;
 }
 
 void GraphReplay::run(const ForeignValues& foreign,

@@ -74,7 +74,6 @@ class GraphReplay {
   int64_t storage_of_value(int64_t value) const;
   bool readable_as_is(int64_t storage, int64_t node);
   void validate();
-  bool uses_default_generator(const RecordedNode& node, bool counter_rng) const;
   c10::Device device_for(const RecordedValue& value) const;
   c10::Device node_device(const RecordedNode& node) const;
   at::Tensor input_tensor(const RecordedInput& input, c10::Device node_device);
