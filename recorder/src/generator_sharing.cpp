@@ -57,8 +57,6 @@ void count_out(int Users::*kind, int& mine) {
   all.replay_ended.notify_all();
 }
 
-}  // namespace
-
 // Counts this thread in as one more recording, or refuses with `refusal` while another thread's
 // replay lends itself the default generator.
 void count_in_recording(const std::string& refusal) {
@@ -72,6 +70,8 @@ void count_in_recording(const std::string& refusal) {
 constexpr const char* kLentGenerator =
     "another thread materializes or reads values with random ops that draw from the default CPU "
     "generator: that replay lends itself the generator, and ";
+
+}  // namespace
 
 void enter_recording() {
   count_in_recording(std::string("torchdefer: deferred_init cannot record while ") +
