@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -20,21 +21,37 @@ namespace py = pybind11;
 namespace torchdefer {
 namespace {
 
+// Note [A scope dropped on another thread] (recording.cpp): a block entered and never exited is
+// dropped by whichever thread releases it last, which cannot end another thread's scope.
+void abandon(std::unique_ptr<RecordingScope> scope) { abandon_on_another_thread(std::move(scope)); }
+void abandon(std::unique_ptr<FakeMode> mode) { (void)mode.release(); }
+
 // A context manager around an RAII scope: entering creates it, exiting destroys it, on the
-// thread that entered.
+// thread that entered (Note [A scope dropped on another thread]).
 template <typename Scope, typename... Args>
 class PyScope {
  public:
   explicit PyScope(Args... args) : args_(std::move(args)...) {}
+  PyScope(const PyScope&) = delete;
+  PyScope& operator=(const PyScope&) = delete;
+  PyScope(PyScope&&) = default;
+  PyScope& operator=(PyScope&&) = default;
+  ~PyScope() {
+    if (scope_ && std::this_thread::get_id() != owner_) {
+      abandon(std::move(scope_));
+    }
+  }
   void enter() {
     TORCH_CHECK(!scope_, "torchdefer: this context manager is already active");
     scope_ = std::apply([](auto&&... a) { return std::make_unique<Scope>(a...); }, args_);
+    owner_ = std::this_thread::get_id();
   }
   void exit() { scope_.reset(); }
 
  private:
   std::tuple<Args...> args_;
   std::unique_ptr<Scope> scope_;
+  std::thread::id owner_;
 };
 
 using RecordingContext = PyScope<RecordingScope, std::string, DeferredInitOptions>;
@@ -42,15 +59,26 @@ using RecordingContext = PyScope<RecordingScope, std::string, DeferredInitOption
 class FakeModeContext {
  public:
   explicit FakeModeContext(std::optional<c10::Device> device) : device_(device) {}
+  FakeModeContext(const FakeModeContext&) = delete;
+  FakeModeContext& operator=(const FakeModeContext&) = delete;
+  FakeModeContext(FakeModeContext&&) = default;
+  FakeModeContext& operator=(FakeModeContext&&) = default;
+  ~FakeModeContext() {
+    if (mode_ && std::this_thread::get_id() != owner_) {
+      abandon(std::move(mode_));
+    }
+  }
   void enter() {
     TORCH_CHECK(!mode_, "torchdefer: this fake_mode is already active");
     mode_ = device_ ? std::make_unique<FakeMode>(*device_) : std::make_unique<FakeMode>();
+    owner_ = std::this_thread::get_id();
   }
   void exit() { mode_.reset(); }
 
  private:
   std::optional<c10::Device> device_;
   std::unique_ptr<FakeMode> mode_;
+  std::thread::id owner_;
 };
 
 // A checkpoint implemented in Python (a DCP directory, a mapping; bindings/torchdefer/

@@ -84,6 +84,15 @@ void enter_recording() {
 
 void leave_recording() { count_out(&Users::recordings, my_recordings); }
 
+void forget_recording_of_another_thread() {
+  Users& all = users();
+  {
+    const std::lock_guard<std::mutex> lock(all.mutex);
+    --all.recordings;
+  }
+  all.replay_ended.notify_all();
+}
+
 RandomOpAfterReturnMark::RandomOpAfterReturnMark(const std::string& op) {
   count_in_recording("torchdefer: cannot record " + op + " on a deferred model's fakes while " +
                      kLentGenerator +
@@ -105,9 +114,9 @@ DefaultGeneratorReplayMark::DefaultGeneratorReplayMark(const std::string& first_
   TORCH_CHECK(all.recordings == my_recordings, "torchdefer: cannot materialize or read values (",
               first_op,
               " may draw from the default CPU generator) while another thread is inside "
-              "deferred_init: the replay lends itself the generator, and that recording would "
-              "place its random ops from the lent states instead of eager's. Materialize after "
-              "that deferred_init returns",
+              "deferred_init or records a random op on a deferred model's fakes: the replay lends "
+              "itself the generator, and that recording would place its random ops from the lent "
+              "states instead of eager's. Materialize after that recording ends",
               counter_is_a_way_out ? ", or with rng=\"counter\"." : ".");
   ++all.replays;
   ++my_replays;

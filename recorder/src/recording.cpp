@@ -1136,6 +1136,20 @@ RecordingScope::RecordingScope(std::string context, DeferredInitOptions options)
   }
 }
 
+// Note [A scope dropped on another thread]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A RecordingScope changes its thread's state (the deferred_init key, the open recordings, the
+// thread's graph) and must end on that thread; a C++ guard always does. A Python block entered and
+// never exited (a thread that ended inside it, a suspended generator) is dropped by whichever
+// thread releases its last reference, which cannot restore another thread's state: destroying the
+// scope there crashed or corrupted the dropping thread. The bindings give such a scope up instead:
+// it is left to its thread, and it stops counting as an open recording (Note [Replays that lend
+// themselves the default generator]), so that other threads' replays are not refused for good.
+void abandon_on_another_thread(std::unique_ptr<RecordingScope> scope) {
+  detail::forget_recording_of_another_thread();
+  (void)scope.release();
+}
+
 RecordingScope::~RecordingScope() {
   detail::leave_recording();
   tls_open_recordings.pop_back();

@@ -5,6 +5,9 @@ replay (each would draw from the other's states); a counter-mode one, and one th
 run beside either."""
 
 import contextlib
+import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
@@ -169,3 +172,32 @@ def test_a_random_op_on_a_returned_models_fakes_is_refused_while_another_thread_
     torch.manual_seed(2)
     torch.nn.init.normal_(eager.weight)
     assert_same_state(eager, later)
+
+
+def test_a_block_left_open_by_a_finished_thread_and_dropped_elsewhere_ends_no_other_threads_work():
+    # Note [A scope dropped on another thread]: in a fresh interpreter, since ending the scope on
+    # the dropping thread crashed it.
+    script = textwrap.dedent(
+        """
+        import gc, threading, torch, torchdefer
+        box = {}
+        def worker():
+            block = torchdefer.deferred()
+            block.__enter__()
+            box["block"] = block
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        del box["block"]
+        gc.collect()
+        assert not torchdefer.is_fake(torch.zeros(1))  # this thread's state is its own
+        torch.manual_seed(0)
+        model = torchdefer.deferred_init(torch.nn.Linear, 4, 4)
+        torchdefer.materialize_module(model)  # not refused for the dead thread's block
+        torch.manual_seed(0)
+        assert torch.equal(model.weight, torch.nn.Linear(4, 4).weight)
+        print("ok")
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.split() == ["ok"], run.stdout + run.stderr

@@ -71,6 +71,11 @@ class TORCHDEFER_API RecordingScope {
   bool exact_generator_;
 };
 
+// Gives up `scope` on a thread other than the one that opened it, which cannot restore that
+// thread's state (Note [A scope dropped on another thread], recording.cpp): the scope is left to
+// its thread, never destroyed, and no longer counts as a recording open in the process.
+TORCHDEFER_API void abandon_on_another_thread(std::unique_ptr<RecordingScope> scope);
+
 // Constructs `ModuleHolder(args...)` (a torch::nn module holder such as torch::nn::Linear, or any
 // type) with its parameters and buffers fake and their initialization recorded.
 template <typename ModuleHolder, typename... Args,

@@ -31,6 +31,10 @@ namespace torchdefer::detail {
 // default generator), and closing.
 void enter_recording();
 void leave_recording();
+// A RecordingScope that cannot end on its thread (Note [A scope dropped on another thread],
+// recording.cpp): the count of recordings forgets it, so that other threads' replays are not
+// refused for good.
+void forget_recording_of_another_thread();
 
 // Marks, for its lifetime, the placing of random op `op` recorded on a returned model's fakes (no
 // RecordingScope open: an init_weights() after deferred_init), which reads the default generator
