@@ -100,24 +100,35 @@ class DrawsNothing(torch.nn.Module):
         self.w = torch.nn.Parameter(torch.arange(6.0).reshape(2, 3) * 2)
 
 
-def test_a_second_replay_on_the_default_generator_waits_and_one_that_draws_nothing_runs():
+@contextlib.contextmanager
+def another_thread_materializing_a_waiting_model():
+    """Records WaitsInItsReplay (seed 0) and materializes it in torch mode on another thread, which
+    stops inside its replay while the body runs; yields the model, which must then materialize."""
     replaying.clear()
     resume.clear()
     torch.manual_seed(0)
     waiting = torchdefer.deferred_init(WaitsInItsReplay)
+    failures = []
+
+    def materialize():
+        try:
+            torchdefer.materialize_module(waiting)
+        except Exception as e:  # reported below
+            failures.append(e)
+            replaying.set()
+
+    with another_thread_waiting(materialize, replaying, resume):
+        yield waiting
+    assert not failures, failures
+
+
+def test_a_second_replay_on_the_default_generator_waits_and_one_that_draws_nothing_runs():
     torch.manual_seed(1)
     second = torchdefer.deferred_init(torch.nn.Linear, 4, 4)
     counter = torchdefer.deferred_init(torch.nn.Linear, 4, 4)
     nothing_random = torchdefer.deferred_init(DrawsNothing)
     failures = []
     second_done = threading.Event()
-
-    def materialize():
-        try:
-            torchdefer.materialize_module(waiting)
-        except Exception as e:  # reported by the main thread
-            failures.append(e)
-            replaying.set()
 
     def materialize_second():
         try:
@@ -127,7 +138,7 @@ def test_a_second_replay_on_the_default_generator_waits_and_one_that_draws_nothi
         second_done.set()
 
     other = threading.Thread(target=materialize_second)
-    with another_thread_waiting(materialize, replaying, resume):
+    with another_thread_materializing_a_waiting_model() as waiting:
         other.start()
         # Long enough for a second replay that did not wait to have ended.
         assert not second_done.wait(1.0)
@@ -145,25 +156,11 @@ def test_a_second_replay_on_the_default_generator_waits_and_one_that_draws_nothi
 
 
 def test_a_random_op_on_a_returned_models_fakes_is_refused_while_another_thread_lends_the_generator():
-    replaying.clear()
-    resume.clear()
-    torch.manual_seed(0)
-    waiting = torchdefer.deferred_init(WaitsInItsReplay)
     torch.manual_seed(1)
     later = torchdefer.deferred_init(torch.nn.Linear, 4, 4)
-    failures = []
-
-    def materialize():
-        try:
-            torchdefer.materialize_module(waiting)
-        except Exception as e:  # reported by the main thread
-            failures.append(e)
-            replaying.set()
-
-    with another_thread_waiting(materialize, replaying, resume):
+    with another_thread_materializing_a_waiting_model():
         with pytest.raises(RuntimeError, match="cannot record aten::normal_ on a deferred model's fakes"):
             torch.nn.init.normal_(later.weight)
-    assert not failures, failures
     torch.manual_seed(2)
     torch.nn.init.normal_(later.weight)  # no replay lends the generator now: recorded
     torchdefer.materialize_module(later)
