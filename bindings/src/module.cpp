@@ -26,12 +26,13 @@ namespace {
 void abandon(std::unique_ptr<RecordingScope> scope) { abandon_on_another_thread(std::move(scope)); }
 void abandon(std::unique_ptr<FakeMode> mode) { (void)mode.release(); }
 
-// A context manager around an RAII scope: entering creates it, exiting destroys it, on the
-// thread that entered (Note [A scope dropped on another thread]).
-template <typename Scope, typename... Args>
+// A context manager around an RAII scope: entering makes it, exiting destroys it, on the thread
+// that entered (Note [A scope dropped on another thread]). `what` names it in errors.
+template <typename Scope>
 class PyScope {
  public:
-  explicit PyScope(Args... args) : args_(std::move(args)...) {}
+  PyScope(const char* what, std::function<std::unique_ptr<Scope>()> make)
+      : what_(what), make_(std::move(make)) {}
   PyScope(const PyScope&) = delete;
   PyScope& operator=(const PyScope&) = delete;
   PyScope(PyScope&&) = default;
@@ -42,44 +43,21 @@ class PyScope {
     }
   }
   void enter() {
-    TORCH_CHECK(!scope_, "torchdefer: this context manager is already active");
-    scope_ = std::apply([](auto&&... a) { return std::make_unique<Scope>(a...); }, args_);
+    TORCH_CHECK(!scope_, "torchdefer: this ", what_, " is already active");
+    scope_ = make_();
     owner_ = std::this_thread::get_id();
   }
   void exit() { scope_.reset(); }
 
  private:
-  std::tuple<Args...> args_;
+  const char* what_;
+  std::function<std::unique_ptr<Scope>()> make_;
   std::unique_ptr<Scope> scope_;
   std::thread::id owner_;
 };
 
-using RecordingContext = PyScope<RecordingScope, std::string, DeferredInitOptions>;
-
-class FakeModeContext {
- public:
-  explicit FakeModeContext(std::optional<c10::Device> device) : device_(device) {}
-  FakeModeContext(const FakeModeContext&) = delete;
-  FakeModeContext& operator=(const FakeModeContext&) = delete;
-  FakeModeContext(FakeModeContext&&) = default;
-  FakeModeContext& operator=(FakeModeContext&&) = default;
-  ~FakeModeContext() {
-    if (mode_ && std::this_thread::get_id() != owner_) {
-      abandon(std::move(mode_));
-    }
-  }
-  void enter() {
-    TORCH_CHECK(!mode_, "torchdefer: this fake_mode is already active");
-    mode_ = device_ ? std::make_unique<FakeMode>(*device_) : std::make_unique<FakeMode>();
-    owner_ = std::this_thread::get_id();
-  }
-  void exit() { mode_.reset(); }
-
- private:
-  std::optional<c10::Device> device_;
-  std::unique_ptr<FakeMode> mode_;
-  std::thread::id owner_;
-};
+using RecordingContext = PyScope<RecordingScope>;
+using FakeModeContext = PyScope<FakeMode>;
 
 // A checkpoint implemented in Python (a DCP directory, a mapping; bindings/torchdefer/
 // _checkpoint.py): its tensors' shapes and dtypes, and a callable read(name, start, stop, out)
@@ -197,8 +175,10 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<RecordingContext>(m, "_RecordingScope")
       .def(py::init([](std::string name, bool exact_generator) {
-             return RecordingContext(std::move(name),
-                                     DeferredInitOptions().exact_generator(exact_generator));
+             return RecordingContext("context manager", [name, exact_generator] {
+               return std::make_unique<RecordingScope>(
+                   name, DeferredInitOptions().exact_generator(exact_generator));
+             });
            }),
            py::arg("name"), py::arg("exact_generator") = false)
       .def("__enter__", &RecordingContext::enter)
@@ -208,7 +188,11 @@ PYBIND11_MODULE(_C, m) {
         "Applies this thread's recorded draws to the default CPU generator now.");
 
   py::class_<FakeModeContext>(m, "_FakeMode")
-      .def(py::init<std::optional<c10::Device>>())
+      .def(py::init([](std::optional<c10::Device> device) {
+        return FakeModeContext("fake_mode", [device] {
+          return device ? std::make_unique<FakeMode>(*device) : std::make_unique<FakeMode>();
+        });
+      }))
       .def("__enter__", &FakeModeContext::enter)
       .def("__exit__", [](FakeModeContext& self, py::args) { self.exit(); });
 

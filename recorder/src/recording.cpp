@@ -365,19 +365,6 @@ bool is_private_list_of_no_tensors(const c10::IValue& argument) {
                       [](const c10::IValue& element) { return element.isTensor(); });
 }
 
-// IntArrayRef's == calls memcmp, a visible cost for the two or three sizes most tensors have.
-inline bool same(c10::IntArrayRef a, c10::ArrayRef<int64_t> b) {
-  if (a.size() != b.size()) {
-    return false;
-  }
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] != b[i]) {
-      return false;
-    }
-  }
-  return true;
-}
-
 // Note [An output that is its input's value]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // An in-place op returns the fake it wrote, seen as before: the same storage through the same
@@ -639,7 +626,7 @@ class Recorder {
       e.add_context(c10::str(
           "torchdefer: while reading values for ",
           value_reading_api(op_, arguments()).value_or(std::string("a write into a real tensor")),
-          " (", schema_.name(), ")", where()));
+          " (", schema_.name(), ")", recorded_where(*graph_)));
       throw;
     }
     if (facts_.random) {
@@ -766,9 +753,6 @@ class Recorder {
     }
   }
 
-  // A recorded fake records the ops run on it after its deferred_init returned, too.
-  std::string where() const { return recorded_where(*graph_); }
-
   // The value the fake `impl` was recorded as in this graph, or -1 (Note [Finding a fake's
   // storage]).
   int64_t value_in_graph(const RecordedFake* rec) const {
@@ -796,11 +780,6 @@ class Recorder {
     if (facts_.random) {
       const at::Tensor& target =
           written_.empty() ? first_fake(fake_outputs) : written_.front().tensor;
-      // Note [Replays that lend themselves the default generator]
-      std::optional<detail::RandomOpAfterReturnMark> after_return;
-      if (tls_graph == nullptr) {
-        after_return.emplace(facts_.name);
-      }
       draws = detail::place_random_node(graph_owner(), described_node(), target, arguments_,
                                         tls_graph != nullptr);
     }

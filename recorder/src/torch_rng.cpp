@@ -6,6 +6,7 @@
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor.h>
+#include <torchdefer/generator_sharing.h>
 #include <torchdefer/mt19937_jump.h>
 #include <torchdefer/node_stack.h>
 #include <torchdefer/op_table.h>
@@ -630,6 +631,12 @@ C10_NOINLINE RecordedDraws place_random_node_otherwise(
     const RandomOperator& op, const DrawPlan& plan, const std::shared_ptr<OpGraph>& graph,
     const RecordedNode& node, const at::Tensor& target, c10::ArrayRef<at::Tensor> tensors,
     bool in_recording_scope) {
+  // Note [Replays that lend themselves the default generator]: a random op recorded on a returned
+  // model's fakes is placed from the generator as a recording's are.
+  std::optional<RandomOpAfterReturnMark> after_return;
+  if (!in_recording_scope) {
+    after_return.emplace(node.op.schema().name());
+  }
   if (const std::optional<size_t> argument = explicit_generator_argument(op, node)) {
     return place_on_own_generator(graph, node, *argument, plan, tensors);
   }
