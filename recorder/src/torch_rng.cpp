@@ -707,12 +707,13 @@ std::shared_future<uint64_t> default_generator_digest() {
   if (std::shared_ptr<const JumpEnd> jump = held_jump()) {
     return std::async(std::launch::deferred, [jump] { return digest(jump->state()); }).share();
   }
-  std::promise<uint64_t> now;
-  now.set_value(
-      digest(with_default_generator([](const at::Generator& generator, at::CPUGeneratorImpl*) {
-        return generator.get_state();
-      })));
-  return now.get_future().share();
+  // The state now, digested when a counter-mode replay first asks: a torch-mode recording never
+  // does, and the digest (a multiply per byte of 5 KB, ~71,000 instructions) cost as much as the
+  // rest of what deferred_init adds around a Llama-70B's constructor (callgrind).
+  at::Tensor state = with_default_generator(
+      [](const at::Generator& generator, at::CPUGeneratorImpl*) { return generator.get_state(); });
+  return std::async(std::launch::deferred, [state = std::move(state)] { return digest(state); })
+      .share();
 }
 
 namespace {
