@@ -18,6 +18,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
@@ -141,6 +142,9 @@ struct OperatorFacts {
   bool common = false;
   // The schema returns one tensor (for CommonCall, whose operators return one or nothing).
   bool returns_tensor = false;
+  // A result is a tensor the call makes (a view included), not an argument it writes and returns
+  // (Note [Inference mode while recording]).
+  bool returns_new_tensor = false;
 };
 
 // Whether `schema` has the shape CommonCall records (OperatorFacts::common).
@@ -180,6 +184,14 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
   }
   facts.returns_tensor = schema.returns().size() == 1 &&
                          schema.returns()[0].type()->kind() == c10::TypeKind::TensorType;
+  facts.returns_new_tensor =
+      std::any_of(schema.returns().begin(), schema.returns().end(), [](const c10::Argument& r) {
+        const c10::TypePtr& type = r.type();
+        const bool tensors = type->kind() == c10::TypeKind::TensorType ||
+                             (type->kind() == c10::TypeKind::ListType &&
+                              type->containedType(0)->kind() == c10::TypeKind::TensorType);
+        return tensors && (r.alias_info() == nullptr || !r.alias_info()->isWrite());
+      });
   facts.common = !facts.records_its_parts && !facts.may_read_values &&
                  facts.bit_view == BitView::kNone && has_common_shape(schema, facts.written);
   return facts;
@@ -331,6 +343,37 @@ bool dispatch_mode_on() {
   return c10::impl::tls_local_dispatch_key_set().included_.has(c10::DispatchKey::Python);
 }
 
+// Note [Inference mode while recording]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A tensor made under torch.inference_mode() (a factory's, a functional op's) is an inference
+// tensor: eager code may not use it in autograd or write it outside inference mode, and
+// is_inference() says so. A recorded result is a fake, and materialization makes ordinary tensors
+// from it, so a model whose constructor made tensors in inference mode would come back different
+// from eager's, silently. A recorded call that makes a tensor while inference mode is on is
+// refused, before it runs (nothing is recorded or lost). That includes views of existing fakes,
+// which eager makes as ordinary tensors but the Fake layer, under inference mode, cannot (a view
+// shares its base's version counter, which an inference tensor cannot take). Writes into existing
+// fakes (an initialization under inference_mode) make no tensor: they record as under no_grad,
+// whose values they are. Calls on real tensors only run for real and give eager's inference
+// tensors.
+C10_NOINLINE void refuse_inference_mode(const c10::OperatorHandle& op, const OpGraph* graph) {
+  TORCH_CHECK(false, "torchdefer: ", op.schema().operator_name(),
+              " was called under torch.inference_mode() on ",
+              graph != nullptr ? "a recording of " + graph->context() : std::string("fakes"),
+              ": its result would be an inference tensor, and materialization makes ordinary "
+              "tensors, not inference ones. Build the module outside inference_mode "
+              "(torch.no_grad() records the same initialization), or make this tensor after "
+              "materializing.");
+}
+
+// Refuses a call of `facts`' operator that makes a tensor under inference mode.
+inline void check_inference_mode(const c10::OperatorHandle& op, const OperatorFacts& facts,
+                                 const OpGraph* graph) {
+  if (facts.returns_new_tensor && C10_UNLIKELY(c10::InferenceMode::is_enabled())) {
+    refuse_inference_mode(op, graph);
+  }
+}
+
 // Where a Recorder sees its call (Note [Where an op is recorded]).
 enum class Position {
   kAboveAutograd,  // the kDeferredInitKey fallback: ops that decompose above autograd
@@ -474,6 +517,7 @@ class Recorder {
           keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
       return;
     }
+    check_inference_mode(op_, facts_, graph_);
     describe_call();
     redispatch(keys);
     record();
@@ -907,6 +951,7 @@ class CommonCall {
   }
 
   void run(c10::DispatchKeySet keys) {
+    check_inference_mode(op_, facts_, &graph_);
     {
       c10::impl::ExcludeDispatchKeyGuard no_recording(kDeferredInitKey);
       BelowRecordedCall below;
@@ -929,8 +974,10 @@ class CommonCall {
   // fake by pointer, and a random op's written tensor is the output, with no reference of its own:
   // a reference taken and dropped per call is two atomic operations, and they were 1.6% of the
   // time of recording a Llama-70B (docs/results.md). The pointers are compared after the call,
-  // before the fake is used. A random op's other tensor arguments (bernoulli's p) are held, since
-  // the call may pop their last reference.
+  // before the fake is used; an output the call made cannot have the written fake's address,
+  // since the Fake layer holds its arguments until it has made its outputs (FakeCall's tensors),
+  // which a path of its own that let go of them earlier would have to keep true. A random op's
+  // other tensor arguments (bernoulli's p) are held, since the call may pop their last reference.
   bool describe_tensor(const at::Tensor& t, bool written) {
     RecordedInput& input = *new (inputs_ + input_count_++) RecordedInput();
     new (arguments_ + argument_count_++) c10::IValue(at::Tensor());

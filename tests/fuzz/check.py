@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import random
+import re
 import traceback
 import warnings
 from dataclasses import dataclass
@@ -45,11 +46,19 @@ DOCUMENTED_REFUSALS = {
     "torchdefer: .mH of": "docs/python.md, conjugate views",
     "torchdefer: .H of": "docs/python.md, conjugate views",
     "torchdefer: adjoint() of": "docs/python.md, conjugate views",
+    # Note [Inference mode while recording]: the message starts with the op it refuses.
+    re.compile(r"torchdefer: \S+ was called under torch\.inference_mode\(\)"): (
+        "docs/python.md, torch.inference_mode()"
+    ),
 }
 
 
 def _documented_refusal(error: BaseException) -> bool:
-    return any(str(error).startswith(start) for start in DOCUMENTED_REFUSALS)
+    text = str(error)
+    return any(
+        start.match(text) if isinstance(start, re.Pattern) else text.startswith(start)
+        for start in DOCUMENTED_REFUSALS
+    )
 
 
 @dataclass

@@ -375,9 +375,19 @@ def attributes(ctx: Context) -> List[str]:
 
 
 def ambient(ctx: Context) -> List[str]:
-    """Default dtype and device changed during construction, grad mode (class 1)."""
+    """Default dtype and device changed during construction, grad mode (class 1), inference mode
+    (writes into parameters record; a tensor made in it is refused)."""
     i, d = ctx.fresh(), ctx.rng.randint(1, 6)
-    kind = ctx.pick(["dtype", "device", "default_device", "grad"])
+    kind = ctx.pick(["dtype", "device", "default_device", "grad", "inference"])
+    if kind == "inference":
+        write = ctx.pick([f"self.g{i}.normal_()", f"self.g{i}.uniform_(-1, 1)", f"self.g{i}.mul_(3)",
+                          f"torch.nn.init.kaiming_uniform_(self.g{i})", f"self.g{i}.zero_()"])
+        lines = [f"self.g{i} = nn.Parameter(torch.randn({d}, 2))", "with torch.inference_mode():",
+                 f"    {write}"]
+        if ctx.rng.random() < 0.05:  # refused: a tensor made, or a view
+            lines.append(ctx.pick([f'    self.register_buffer("h{i}", torch.zeros({d}))',
+                                   f"    self.g{i}[0].fill_(2.5)"]))
+        return lines
     if kind == "dtype":
         dtype = ctx.pick(["torch.bfloat16", "torch.float64", "torch.float16"])
         body = ctx.pick(
