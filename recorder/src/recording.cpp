@@ -356,7 +356,10 @@ bool dispatch_mode_on() {
 // fakes (an initialization under inference_mode) make no tensor: they record as under no_grad,
 // whose values they are. Calls on real tensors only run for real and give eager's inference
 // tensors.
-C10_NOINLINE void refuse_inference_mode(const c10::OperatorHandle& op, const OpGraph* graph) {
+C10_NOINLINE void refuse_in_inference_mode(const c10::OperatorHandle& op, const OpGraph* graph) {
+  if (C10_LIKELY(!c10::InferenceMode::is_enabled())) {
+    return;
+  }
   TORCH_CHECK(false, "torchdefer: ", op.schema().operator_name(),
               " was called under torch.inference_mode() on ",
               graph != nullptr ? "a recording of " + graph->context() : std::string("fakes"),
@@ -366,11 +369,12 @@ C10_NOINLINE void refuse_inference_mode(const c10::OperatorHandle& op, const OpG
               "materializing.");
 }
 
-// Refuses a call of `facts`' operator that makes a tensor under inference mode.
+// Refuses a call of `facts`' operator that makes a tensor under inference mode; out of line but
+// for the operator's fact, so that the recorder's hot path stays as the compiler laid it out.
 inline void check_inference_mode(const c10::OperatorHandle& op, const OperatorFacts& facts,
                                  const OpGraph* graph) {
-  if (facts.returns_new_tensor && C10_UNLIKELY(c10::InferenceMode::is_enabled())) {
-    refuse_inference_mode(op, graph);
+  if (facts.returns_new_tensor) {
+    refuse_in_inference_mode(op, graph);
   }
 }
 
