@@ -112,6 +112,8 @@ int64_t OpGraph::add_output(int64_t node, const FakeTensorImpl& impl, const at::
   }
   if (storage < 0) {
     storage = append_storage(impl, node, index, node);
+  } else if (storages_[storage].creator == node && storages_[storage].base_value < 0) {
+    storages_[storage].base_value = index;  // Note [A storage a write makes]
   }
   const auto [sizes, strides] = geometry_.copy(fake.sizes(), fake.strides());
   values_.emplace_back(storage, node, sizes, strides, fake.storage_offset(), fake.scalar_type(),
@@ -120,6 +122,13 @@ int64_t OpGraph::add_output(int64_t node, const FakeTensorImpl& impl, const at::
   return index;
 }
 
+// Note [A storage a write makes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// `t.set_()` with no source gives a fake of this graph a new, empty storage. Its write lands in a
+// storage the graph has not seen, as a write into a foreign fake's does; but a foreign fake was
+// never a value of this graph, while this one was (`known`), and only the fake's own meta shadow
+// holds its new storage. Such a storage is made by the writing node: the node is its creator, and
+// its output for the fake its base value (add_output), so that replay makes it as eager did.
 int64_t OpGraph::add_write(int64_t node, const FakeTensorImpl& impl, int64_t known) {
   int64_t storage = known_storage(impl, known);
   if (storage < 0) {
@@ -128,7 +137,8 @@ int64_t OpGraph::add_write(int64_t node, const FakeTensorImpl& impl, int64_t kno
   if (storage < 0) {
     // A fake this graph never saw (made under a plain FakeMode, or by another deferred_init):
     // the write is remembered, with no creator, so that replay can say why it cannot proceed.
-    return append_storage(impl, -1, -1, node);
+    const bool made_here = known >= 0 && impl.meta().storage().unique();
+    return append_storage(impl, made_here ? node : -1, -1, node);
   }
   add_writer(storage, node);
   return storage;

@@ -90,3 +90,50 @@ def test_reading_a_recorded_fake_after_deferred_init_gives_eagers_value():
     with pytest.raises(RuntimeError) as error:
         deferred.weight.view(5)  # an error after the call still names where the op was recorded
     assert "on a fake recorded by deferred_init of Linear, outside that call" in str(error.value)
+
+
+class EmptiedBuffer(torch.nn.Module):
+    """`set_()` with no source: the buffer gets a new, empty storage (Note [A storage a write
+    makes])."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 4))
+        self.register_buffer("scratch", torch.randn(3))
+        with torch.no_grad():
+            self.scratch.set_()
+        self.bias = torch.nn.Parameter(torch.randn(5))
+
+
+def test_set_without_a_source_materializes_eagers_empty_tensor_and_the_rest():
+    torch.manual_seed(4)
+    eager = EmptiedBuffer()
+    eager_next = torch.rand(3)
+    torch.manual_seed(4)
+    deferred = torchdefer.deferred_init(EmptiedBuffer)
+    torchdefer.materialize_module(deferred)
+    assert deferred.scratch.shape == (0,)
+    for name, value in eager.state_dict().items():
+        assert torch.equal(deferred.state_dict()[name], value), name
+    assert torch.equal(torch.rand(3), eager_next)
+
+
+def test_set_without_a_source_after_deferred_init_returned_materializes():
+    def with_buffer():
+        module = torch.nn.Linear(3, 3)
+        module.register_buffer("table", torch.randn(6))
+        return module
+
+    torch.manual_seed(5)
+    eager = with_buffer()
+    eager.table.set_()
+    torch.manual_seed(5)
+    deferred = torchdefer.deferred_init(with_buffer)
+    deferred.table.set_()
+    torchdefer.materialize_module(deferred)
+    assert deferred.table.shape == (0,)
+    assert torch.equal(deferred.weight, eager.weight)
+    for rank in range(2):
+        shard = torchdefer.deferred_init(EmptiedBuffer)
+        torchdefer.materialize_module(shard, shard=torchdefer.Shard(rank, 2))
+        assert shard.scratch.numel() == 0
