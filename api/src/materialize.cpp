@@ -1,4 +1,5 @@
 // The public materialization API: tensors and torch::nn modules.
+#include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/materialize.h>
@@ -289,6 +290,15 @@ void materialize_tensors(const std::vector<at::Tensor>& tensors,
 MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tensors,
                                            const std::vector<NamedTensor>& module_tensors,
                                            const MaterializeOptions& options) {
+  for (const NamedTensor& entry : tensors) {
+    // Note [Inference mode while recording]: eager made it an inference tensor.
+    TORCH_CHECK(!made_in_inference_mode(entry.tensor), "torchdefer: cannot materialize ",
+                entry.name,
+                ": it was made under torch.inference_mode() while recording, where eager makes an "
+                "inference tensor, and materialization makes ordinary tensors. Make it outside "
+                "inference_mode (torch.no_grad() records the same values), or after "
+                "materializing.");
+  }
   const detail::CheckpointPlan checkpoint = checkpoint_plan(tensors, module_tensors, options);
   if (options.sharded()) {
     return materialize_sharded(tensors, options, checkpoint);

@@ -214,6 +214,10 @@ PYBIND11_MODULE(_C, m) {
       });
 
   m.def("is_fake", [](const at::Tensor& t) { return is_fake(t); });
+  // Note [Inference mode while recording]: deferred_init refuses a returned module tensor eager
+  // made as an inference tensor, looking only when a recording made one.
+  m.def("_made_in_inference_mode", [](const at::Tensor& t) { return made_in_inference_mode(t); });
+  m.def("_inference_tensors_made", [] { return inference_tensors_made(); });
   // A tensor that carries a fake's dispatch keys without being a fake: what `real.data = fake`
   // leaves behind (torch shallow-copies the fake's metadata into the real TensorImpl).
   m.def("_is_neither_real_nor_fake", [](const at::Tensor& t) { return has_fake_metadata_only(t); });

@@ -28,6 +28,7 @@ nothing in torch (Note [What recording changes, and where] in torchdefer/_record
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
@@ -161,12 +162,30 @@ def deferred_init(
             f"{type(module_cls_or_callable).__name__}"
         )
     name = getattr(module_cls_or_callable, "__qualname__", repr(module_cls_or_callable))
+    inference_values = _C._inference_tensors_made()
     with _recording.mode(), _generator_state.settled_on_access(), \
             _C._RecordingScope(name, exact_generator):
         result = module_cls_or_callable(*args, **kwargs)
+    if _C._inference_tensors_made() != inference_values:
+        _refuse_inference_tensors(result, name)
     # Guarded, remembered for DTensors, handed out: Note [One walk over a returned module].
     _returned.settle(result)
     return result
+
+
+def _refuse_inference_tensors(result: Any, name: str) -> None:
+    """Note [Inference mode while recording] (recording.cpp): a parameter or buffer that eager
+    made as an inference tensor would materialize as an ordinary one."""
+    if not isinstance(result, torch.nn.Module):
+        return  # materialization refuses it, naming it
+    for tensor_name, t in itertools.chain(result.named_parameters(), result.named_buffers()):
+        if _C.is_fake(t) and _C._made_in_inference_mode(t):
+            raise RuntimeError(
+                f"torchdefer: {tensor_name} of {name} was made under torch.inference_mode() while "
+                "recording, where eager makes an inference tensor, and materialization makes "
+                "ordinary tensors. Make it outside inference_mode (torch.no_grad() records the "
+                "same values), or after materializing."
+            )
 
 
 # Note [Walking a module]

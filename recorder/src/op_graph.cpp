@@ -135,8 +135,9 @@ int64_t OpGraph::add_write(int64_t node, const FakeTensorImpl& impl, int64_t kno
     storage = indexed_storage(impl.storage_identity());
   }
   if (storage < 0) {
-    // A fake this graph never saw (made under a plain FakeMode, or by another deferred_init):
-    // the write is remembered, with no creator, so that replay can say why it cannot proceed.
+    // A storage this graph never saw: a foreign fake's (made under a plain FakeMode, or by another
+    // deferred_init), remembered with no creator so that replay can say why it cannot proceed, or
+    // one this write made (Note [A storage a write makes]).
     const bool made_here = known >= 0 && impl.meta().storage().unique();
     return append_storage(impl, made_here ? node : -1, -1, node);
   }

@@ -142,9 +142,10 @@ struct OperatorFacts {
   bool common = false;
   // The schema returns one tensor (for CommonCall, whose operators return one or nothing).
   bool returns_tensor = false;
-  // A result is a tensor the call makes (a view included), not an argument it writes and returns
-  // (Note [Inference mode while recording]).
+  // A result is a tensor the call makes (a view included), not an argument it writes and returns,
+  // and whether one is a view (Note [Inference mode while recording]).
   bool returns_new_tensor = false;
+  bool returns_view = false;
 };
 
 // Whether `schema` has the shape CommonCall records (OperatorFacts::common).
@@ -184,14 +185,16 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
   }
   facts.returns_tensor = schema.returns().size() == 1 &&
                          schema.returns()[0].type()->kind() == c10::TypeKind::TensorType;
-  facts.returns_new_tensor =
-      std::any_of(schema.returns().begin(), schema.returns().end(), [](const c10::Argument& r) {
-        const c10::TypePtr& type = r.type();
-        const bool tensors = type->kind() == c10::TypeKind::TensorType ||
-                             (type->kind() == c10::TypeKind::ListType &&
-                              type->containedType(0)->kind() == c10::TypeKind::TensorType);
-        return tensors && (r.alias_info() == nullptr || !r.alias_info()->isWrite());
-      });
+  for (const c10::Argument& r : schema.returns()) {
+    const c10::TypePtr& type = r.type();
+    const bool tensors = type->kind() == c10::TypeKind::TensorType ||
+                         (type->kind() == c10::TypeKind::ListType &&
+                          type->containedType(0)->kind() == c10::TypeKind::TensorType);
+    if (tensors && (r.alias_info() == nullptr || !r.alias_info()->isWrite())) {
+      facts.returns_new_tensor = true;
+      facts.returns_view = facts.returns_view || r.alias_info() != nullptr;
+    }
+  }
   facts.common = !facts.records_its_parts && !facts.may_read_values &&
                  facts.bit_view == BitView::kNone && has_common_shape(schema, facts.written);
   return facts;
@@ -347,34 +350,49 @@ bool dispatch_mode_on() {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A tensor made under torch.inference_mode() (a factory's, a functional op's) is an inference
 // tensor: eager code may not use it in autograd or write it outside inference mode, and
-// is_inference() says so. A recorded result is a fake, and materialization makes ordinary tensors
-// from it, so a model whose constructor made tensors in inference mode would come back different
-// from eager's, silently. A recorded call that makes a tensor while inference mode is on is
-// refused, before it runs (nothing is recorded or lost). That includes views of existing fakes,
-// which eager makes as ordinary tensors but the Fake layer, under inference mode, cannot (a view
-// shares its base's version counter, which an inference tensor cannot take). Writes into existing
-// fakes (an initialization under inference_mode) make no tensor: they record as under no_grad,
-// whose values they are. Calls on real tensors only run for real and give eager's inference
-// tensors.
-C10_NOINLINE void refuse_in_inference_mode(const c10::OperatorHandle& op, const OpGraph* graph) {
+// is_inference() says so. A recorded result is a fake, and materialization makes ordinary tensors,
+// so a model that holds such a tensor would come back different from eager's, silently. Most such
+// tensors are temporaries, though (nn.init.orthogonal_'s, `w.copy_(torch.ones(...))`'s), whose
+// values are all that reaches the model, as in eager. So the recorder marks the values a call
+// makes while inference mode is on (OpGraph::is_inference_value), and materialization refuses a
+// module tensor that is one, naming it (materialize.cpp); Python's deferred_init refuses it when
+// it returns. Views are refused when made: eager makes a view of an ordinary tensor an ordinary
+// one, but the Fake layer cannot make a fake view in inference mode (a view shares its base's
+// version counter, which an inference tensor cannot take). Writes into existing fakes make no
+// tensor, and calls on real tensors only run for real and give eager's inference tensors.
+C10_NOINLINE bool made_in_inference_mode_slow(const c10::OperatorHandle& op,
+                                              const OperatorFacts& facts, const OpGraph* graph) {
   if (C10_LIKELY(!c10::InferenceMode::is_enabled())) {
-    return;
+    return false;
   }
-  TORCH_CHECK(false, "torchdefer: ", op.schema().operator_name(),
+  TORCH_CHECK(!facts.returns_view, "torchdefer: ", op.schema().operator_name(),
               " was called under torch.inference_mode() on ",
-              graph != nullptr ? "a recording of " + graph->context() : std::string("fakes"),
-              ": its result would be an inference tensor, and materialization makes ordinary "
-              "tensors, not inference ones. Build the module outside inference_mode "
-              "(torch.no_grad() records the same initialization), or make this tensor after "
-              "materializing.");
+              graph != nullptr ? "fakes of " + graph->context() : std::string("fakes"),
+              ": it makes a view, which torchdefer's fakes cannot make in inference mode. Build "
+              "the module outside inference_mode (torch.no_grad() records the same "
+              "initialization), or make this view after materializing.");
+  return true;
 }
 
-// Refuses a call of `facts`' operator that makes a tensor under inference mode; out of line but
-// for the operator's fact, so that the recorder's hot path stays as the compiler laid it out.
-inline void check_inference_mode(const c10::OperatorHandle& op, const OperatorFacts& facts,
-                                 const OpGraph* graph) {
-  if (facts.returns_new_tensor) {
-    refuse_in_inference_mode(op, graph);
+// Whether a call of `facts`' operator makes a tensor while inference mode is on; refuses a view.
+// Out of line but for the operator's fact, so that the recorder's hot path stays as the compiler
+// laid it out.
+inline bool made_in_inference_mode(const c10::OperatorHandle& op, const OperatorFacts& facts,
+                                   const OpGraph* graph) {
+  return facts.returns_new_tensor && made_in_inference_mode_slow(op, facts, graph);
+}
+
+// Marks the values node `node` made among `outputs` (Note [Inference mode while recording]); not
+// an argument it returned, which it did not make. Under the graph's lock.
+std::atomic<uint64_t> inference_values{0};
+
+C10_NOINLINE void mark_inference_values(OpGraph& graph, int64_t node,
+                                        c10::ArrayRef<int64_t> outputs) {
+  for (const int64_t value : outputs) {
+    if (value >= 0 && graph.values()[value].node == node) {
+      graph.add_inference_value(value);
+      inference_values.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 }
 
@@ -521,7 +539,7 @@ class Recorder {
           keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
       return;
     }
-    check_inference_mode(op_, facts_, graph_);
+    inference_ = made_in_inference_mode(op_, facts_, graph_);
     describe_call();
     redispatch(keys);
     record();
@@ -848,6 +866,9 @@ class Recorder {
       }
       outputs.push_back(output_value(*graph_, owner, index, *fake_impl(*t), *t));
     }
+    if (C10_UNLIKELY(inference_)) {
+      mark_inference_values(*graph_, index, outputs);
+    }
     graph_->add_node(op_, described_arguments_, described_inputs_, outputs, ambient_);
     if (has_real_) {
       remember_real_reads(index);
@@ -893,6 +914,7 @@ class Recorder {
   // The call's tensor arguments (map_tensors order), as scan_arguments() found them.
   c10::SmallVector<SeenTensor, 4> seen_;
   c10::SmallVector<WrittenFake, 2> written_;  // the fakes the call writes, in map_tensors order
+  bool inference_ = false;                    // Note [Inference mode while recording]
   c10::SmallVector<at::Tensor, 1> written_real_;
   std::vector<at::Tensor> arguments_;  // a random op's tensor arguments, in input order
   bool has_fake_ = false;
@@ -955,7 +977,7 @@ class CommonCall {
   }
 
   void run(c10::DispatchKeySet keys) {
-    check_inference_mode(op_, facts_, &graph_);
+    inference_ = made_in_inference_mode(op_, facts_, &graph_);
     {
       c10::impl::ExcludeDispatchKeyGuard no_recording(kDeferredInitKey);
       BelowRecordedCall below;
@@ -976,7 +998,7 @@ class CommonCall {
   // and for such an output the Fake layer returns the argument fake itself (fake_fallback.cpp,
   // step 5): after the call the stack's output holds the written fake. So CommonCall keeps that
   // fake by pointer, and a random op's written tensor is the output, with no reference of its own:
-  // a reference taken and dropped per call is two atomic operations, and they were 1.6% of the
+  // a reference taken and dropped per call is two atomic operations, and they were 1.8% of the
   // time of recording a Llama-70B (docs/results.md). The pointers are compared after the call,
   // before the fake is used; an output the call made cannot have the written fake's address,
   // since the Fake layer holds its arguments until it has made its outputs (FakeCall's tensors),
@@ -1061,6 +1083,9 @@ class CommonCall {
     } else {
       outputs.push_back(output_value(graph_, owner, index, *output_fake, *output));
     }
+    if (C10_UNLIKELY(inference_)) {
+      mark_inference_values(graph_, index, outputs);
+    }
     graph_.add_described_node(op_, arguments(), inputs(), outputs, ambient_);
     graph_.own_arguments().keep(arguments_ + argument_count_);
     graph_.own_inputs().keep(inputs_ + input_count_);
@@ -1094,6 +1119,7 @@ class CommonCall {
   // A random op's tensor arguments but the written one, in order, and where that one goes.
   c10::SmallVector<at::Tensor, 2> random_tensors_;
   int64_t written_position_ = -1;
+  bool inference_ = false;  // Note [Inference mode while recording]
 };
 
 // Whether a tensor argument of the call on `stack` is a recorded fake (they carry the key).
@@ -1127,6 +1153,17 @@ at::Tensor read_values(const at::Tensor& t) {
   TORCH_INTERNAL_ASSERT(reader != nullptr, "torchdefer: no value reader is installed");
   return reader->read(t);
 }
+
+bool made_in_inference_mode(const at::Tensor& t) {
+  const RecordedFake* rec = recorded(t);
+  if (rec == nullptr) {
+    return false;
+  }
+  const auto lock = rec->graph->lock();
+  return rec->graph->is_inference_value(rec->value);
+}
+
+uint64_t inference_tensors_made() { return inference_values.load(std::memory_order_relaxed); }
 
 void settle_default_generator(bool about_to_read) {
   if (about_to_read) {

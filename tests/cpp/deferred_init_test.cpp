@@ -423,5 +423,20 @@ TEST(DeferredInit, CopiesAListArgumentTheCallerStillHolds) {
   EXPECT_EQ(t.sizes(), c10::IntArrayRef({2, 3}));
 }
 
+// Note [Inference mode while recording]: eager makes the buffer an inference tensor.
+TEST(DeferredInit, MaterializationRefusesABufferMadeInInferenceModeNamingIt) {
+  auto linear = deferred_init([] {
+    torch::nn::Linear made(4, 4);
+    c10::InferenceMode inference;
+    made->register_buffer("table", torch::zeros({3}));
+    made->weight.mul_(torch::full({4, 4}, 0.5));  // a temporary that only feeds a write
+    return made;
+  });
+  EXPECT_TRUE(made_in_inference_mode(linear->named_buffers()["table"]));
+  EXPECT_FALSE(made_in_inference_mode(linear->weight));
+  EXPECT_THAT(error_of([&] { materialize_module(*linear); }),
+              HasSubstr("cannot materialize table: it was made under torch.inference_mode()"));
+}
+
 }  // namespace
 }  // namespace torchdefer

@@ -46,8 +46,9 @@ DOCUMENTED_REFUSALS = {
     "torchdefer: .mH of": "docs/python.md, conjugate views",
     "torchdefer: .H of": "docs/python.md, conjugate views",
     "torchdefer: adjoint() of": "docs/python.md, conjugate views",
-    # Note [Inference mode while recording]: the message starts with the op it refuses.
-    re.compile(r"torchdefer: \S+ was called under torch\.inference_mode\(\)"): (
+    # Note [Inference mode while recording]: a view, named by its op, or a module tensor made in
+    # inference mode, named by its attribute.
+    re.compile(r"torchdefer: (\S+ was called|\S+ of \S+ was made) under torch\.inference_mode\(\)"): (
         "docs/python.md, torch.inference_mode()"
     ),
 }

@@ -376,12 +376,15 @@ def attributes(ctx: Context) -> List[str]:
 
 def ambient(ctx: Context) -> List[str]:
     """Default dtype and device changed during construction, grad mode (class 1), inference mode
-    (writes into parameters record; a tensor made in it is refused)."""
+    (writes into parameters record, temporaries included; a buffer made in it, or a view, is
+    refused)."""
     i, d = ctx.fresh(), ctx.rng.randint(1, 6)
     kind = ctx.pick(["dtype", "device", "default_device", "grad", "inference"])
     if kind == "inference":
         write = ctx.pick([f"self.g{i}.normal_()", f"self.g{i}.uniform_(-1, 1)", f"self.g{i}.mul_(3)",
-                          f"torch.nn.init.kaiming_uniform_(self.g{i})", f"self.g{i}.zero_()"])
+                          f"torch.nn.init.kaiming_uniform_(self.g{i})", f"self.g{i}.zero_()",
+                          f"self.g{i}.copy_(torch.ones({d}, 2) * 0.5)",
+                          f"self.g{i}.mul_(torch.rand({d}, 2) + self.g{i} * 2)"])
         lines = [f"self.g{i} = nn.Parameter(torch.randn({d}, 2))", "with torch.inference_mode():",
                  f"    {write}"]
         if ctx.rng.random() < 0.05:  # refused: a tensor made, or a view

@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Type.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -122,6 +123,14 @@ std::invoke_result_t<F&&, Args&&...> deferred_init(const DeferredInitOptions& op
 // Returns `t` itself when it is real; raises for a fake of a FakeMode, or, inside a deferred_init,
 // of a recording that is not the one in progress on this thread.
 TORCHDEFER_API at::Tensor read_values(const at::Tensor& t);
+
+// Whether the recorded fake `t` was made while torch.inference_mode() was on, where eager makes an
+// inference tensor that materialization would not (Note [Inference mode while recording]).
+TORCHDEFER_API bool made_in_inference_mode(const at::Tensor& t);
+
+// How many tensors recordings in this process made in inference mode so far: Python's
+// deferred_init looks for one in the module it returns only when this moved.
+TORCHDEFER_API uint64_t inference_tensors_made();
 
 // Inside deferred_init: leaves PyTorch's default CPU generator where eager construction would
 // have it at this point, for code about to read or set its state (torch.get_rng_state,

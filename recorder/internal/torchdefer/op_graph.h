@@ -410,6 +410,11 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
     nodes_[node].draws = &draws_.emplace_back(std::move(draws));
   }
 
+  // Values made while torch.inference_mode() was on (Note [Inference mode while recording]):
+  // eager made inference tensors there, which materialization does not. Under the lock.
+  void add_inference_value(int64_t value) { inference_values_.insert(value); }
+  bool is_inference_value(int64_t value) const { return inference_values_.count(value) != 0; }
+
   // The counter RNG seed: a digest of the default generator's state when recording began.
   uint64_t counter_seed() const { return counter_seed_.get(); }
 
@@ -459,6 +464,7 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   ska::flat_hash_map<const c10::StorageImpl*, int64_t> storage_index_;
   size_t indexed_storages_ = 0;
   StableVector<std::shared_ptr<RngAnchor>, 2> rng_anchors_;
+  ska::flat_hash_set<int64_t> inference_values_;
   uint64_t random_ops_ = 0;
   const std::shared_future<uint64_t> counter_seed_;
   const bool exact_generator_;
