@@ -355,11 +355,13 @@ bool dispatch_mode_on() {
 // tensors are temporaries, though (nn.init.orthogonal_'s, `w.copy_(torch.ones(...))`'s), whose
 // values are all that reaches the model, as in eager. So the recorder marks the values a call
 // makes while inference mode is on (OpGraph::is_inference_value), and materialization refuses a
-// module tensor that is one, naming it (materialize.cpp); Python's deferred_init refuses it when
-// it returns. Views are refused when made: eager makes a view of an ordinary tensor an ordinary
-// one, but the Fake layer cannot make a fake view in inference mode (a view shares its base's
-// version counter, which an inference tensor cannot take). Writes into existing fakes make no
-// tensor, and calls on real tensors only run for real and give eager's inference tensors.
+// module tensor that is one, or that views the storage one made (a view or detach() of an
+// inference tensor is one, taken in inference mode or not), naming it (materialize.cpp); Python's
+// deferred_init refuses it when it returns. Views are refused when made: eager makes a view of an
+// ordinary tensor an ordinary one, but the Fake layer cannot make a fake view in inference mode (a
+// view shares its base's version counter, which an inference tensor cannot take). Writes into
+// existing fakes make no tensor, and calls on real tensors only run for real and give eager's
+// inference tensors.
 C10_NOINLINE bool made_in_inference_mode_slow(const c10::OperatorHandle& op,
                                               const OperatorFacts& facts, const OpGraph* graph) {
   if (C10_LIKELY(!c10::InferenceMode::is_enabled())) {
@@ -1159,8 +1161,15 @@ bool made_in_inference_mode(const at::Tensor& t) {
   if (rec == nullptr) {
     return false;
   }
+  const OpGraph& graph = *rec->graph;
   const auto lock = rec->graph->lock();
-  return rec->graph->is_inference_value(rec->value);
+  if (graph.is_inference_value(rec->value)) {
+    return true;
+  }
+  // A view or detached alias of an inference tensor is one too, wherever it was taken: the value
+  // that made its storage decides.
+  const int64_t base = graph.storages()[graph.values()[rec->value].storage].base_value;
+  return base >= 0 && graph.is_inference_value(base);
 }
 
 uint64_t inference_tensors_made() { return inference_values.load(std::memory_order_relaxed); }

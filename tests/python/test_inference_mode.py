@@ -57,6 +57,24 @@ def test_a_buffer_made_in_inference_mode_is_refused_naming_it_when_deferred_init
         torchdefer.deferred_init(BufferMadeInInferenceMode)
 
 
+class AliasTakenOutsideInferenceMode(torch.nn.Module):
+    def __init__(self, alias):
+        super().__init__()
+        with torch.inference_mode():
+            table = torch.arange(6.0)
+        self.register_buffer("table", alias(table))  # eager: an inference tensor too
+
+
+@pytest.mark.parametrize("alias", [lambda t: t.detach(), lambda t: t.view(2, 3),
+                                   lambda t: torch.nn.Parameter(t, requires_grad=False)],
+                         ids=["detach", "view", "parameter"])
+def test_an_alias_of_a_tensor_made_in_inference_mode_is_refused_wherever_it_was_taken(alias):
+    assert alias(torch.inference_mode()(torch.arange)(6.0)).is_inference()
+    with pytest.raises(RuntimeError, match=r"table of AliasTakenOutsideInferenceMode was made "
+                                           r"under torch.inference_mode\(\)"):
+        torchdefer.deferred_init(AliasTakenOutsideInferenceMode, alias)
+
+
 def test_the_refusal_leaves_eager_construction_working():
     with pytest.raises(RuntimeError):
         torchdefer.deferred_init(BufferMadeInInferenceMode)
