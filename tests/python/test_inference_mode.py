@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torchdefer
+from _same_model import assert_same_state, built_both_ways
 
 
 class BufferMadeInInferenceMode(torch.nn.Module):
@@ -82,16 +83,10 @@ def test_the_refusal_leaves_eager_construction_working():
 
 
 def test_temporaries_made_in_inference_mode_for_writes_give_eagers_values_and_generator():
-    torch.manual_seed(7)
-    eager = InitializedInInferenceMode()
-    eager_next = torch.rand(3)
-    torch.manual_seed(7)
-    deferred = torchdefer.deferred_init(InitializedInInferenceMode)
-    torchdefer.materialize_module(deferred)
-    for name, value in eager.state_dict().items():
-        assert torch.equal(deferred.state_dict()[name], value), name
-        assert not deferred.state_dict()[name].is_inference() and not value.is_inference()
-    assert torch.equal(torch.rand(3), eager_next)
+    eager, deferred, eager_next, deferred_next = built_both_ways(InitializedInInferenceMode, seed=7)
+    assert_same_state(eager, deferred)
+    assert not any(t.is_inference() for t in deferred.state_dict().values())
+    assert torch.equal(deferred_next, eager_next)
 
 
 def test_real_tensors_made_in_inference_mode_stay_eagers_inference_tensors():

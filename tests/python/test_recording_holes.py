@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torchdefer
+from _same_model import assert_same_state, built_both_ways
 
 
 class ScaledRotary(torch.nn.Module):
@@ -106,16 +107,10 @@ class EmptiedBuffer(torch.nn.Module):
 
 
 def test_set_without_a_source_materializes_eagers_empty_tensor_and_the_rest():
-    torch.manual_seed(4)
-    eager = EmptiedBuffer()
-    eager_next = torch.rand(3)
-    torch.manual_seed(4)
-    deferred = torchdefer.deferred_init(EmptiedBuffer)
-    torchdefer.materialize_module(deferred)
+    eager, deferred, eager_next, deferred_next = built_both_ways(EmptiedBuffer, seed=4)
     assert deferred.scratch.shape == (0,)
-    for name, value in eager.state_dict().items():
-        assert torch.equal(deferred.state_dict()[name], value), name
-    assert torch.equal(torch.rand(3), eager_next)
+    assert_same_state(eager, deferred)
+    assert torch.equal(deferred_next, eager_next)
 
 
 def test_set_without_a_source_after_deferred_init_returned_materializes():

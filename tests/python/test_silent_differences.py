@@ -8,25 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torchdefer
+from _same_model import assert_same_state, built_both_ways
 from torch.nn.utils import parametrizations, parametrize
-
-
-def assert_same_model(eager: torch.nn.Module, deferred: torch.nn.Module) -> None:
-    eager_state, deferred_state = eager.state_dict(), deferred.state_dict()
-    assert list(eager_state) == list(deferred_state)
-    for name, value in eager_state.items():
-        assert torch.equal(value, deferred_state[name]), name
 
 
 def eager_and_deferred(build, *args, seed=0, **kwargs):
     """(eager model, generator draw after it), (the same through deferred_init + materialize)."""
-    torch.manual_seed(seed)
-    eager = build(*args, **kwargs)
-    eager_next = torch.rand(4)
-    torch.manual_seed(seed)
-    deferred = torchdefer.deferred_init(build, *args, **kwargs)
-    torchdefer.materialize_module(deferred)
-    deferred_next = torch.rand(4)
+    eager, deferred, eager_next, deferred_next = built_both_ways(build, *args, seed=seed, **kwargs)
     return (eager, eager_next), (deferred, deferred_next)
 
 
@@ -49,7 +37,7 @@ def test_orthogonal_gives_eager_bits(shape, orthogonal_map, use_trivialization):
     for dtype in (torch.float32, torch.float64):
         (eager, eager_next), (deferred, deferred_next) = eager_and_deferred(
             orthogonal_linear, *shape, orthogonal_map, use_trivialization, dtype)
-        assert_same_model(eager, deferred)
+        assert_same_state(eager, deferred)
         assert torch.equal(eager.weight, deferred.weight)
         assert torch.equal(eager_next, deferred_next)
 
@@ -68,7 +56,7 @@ def test_weight_norm_and_spectral_norm_give_eager_bits(kind):
         return model
 
     (eager, eager_next), (deferred, deferred_next) = eager_and_deferred(build)
-    assert_same_model(eager, deferred)
+    assert_same_state(eager, deferred)
     assert torch.equal(eager_next, deferred_next)
 
 
@@ -151,7 +139,7 @@ def test_resize_token_embeddings_after_an_eager_resize_gives_eager_bits(arch, ne
     (eager, eager_next), (deferred, deferred_next) = eager_and_deferred(
         resized, arch, new_num_tokens, mean_resizing)
     assert deferred.get_input_embeddings().weight.shape[0] == new_num_tokens
-    assert_same_model(eager, deferred)
+    assert_same_state(eager, deferred)
     assert torch.equal(eager_next, deferred_next)
     if arch == "gpt2":
         assert deferred.lm_head.weight is deferred.get_input_embeddings().weight
@@ -173,7 +161,7 @@ def test_resize_token_embeddings_after_deferred_init_returned():
     with torchdefer.deferred():
         deferred.resize_token_embeddings(80, mean_resizing=False)
     torchdefer.materialize_module(deferred)
-    assert_same_model(eager, deferred)
+    assert_same_state(eager, deferred)
 
 
 # Random ops given an explicit CPU torch.Generator (Note [Explicit generators]).
@@ -216,7 +204,7 @@ def test_explicit_generators_give_eager_bits_and_are_left_where_eager_leaves_the
         torchdefer.materialize_tensor(tensor)  # any order
     torchdefer.materialize_module(deferred)
     deferred_next = torch.rand(4)
-    assert_same_model(eager, deferred)
+    assert_same_state(eager, deferred)
     assert torch.equal(eager_next, deferred_next)
     for before, d in zip(recorded_states, deferred_generators):
         assert torch.equal(before, d.get_state()), "materializing moved a user's generator"
@@ -247,4 +235,4 @@ def test_random_ops_on_a_deferred_model_with_an_explicit_generator_after_it_retu
     torch.nn.init.xavier_normal_(deferred.weight, generator=g)
     assert torch.equal(g.get_state(), g_eager.get_state())
     torchdefer.materialize_module(deferred)
-    assert_same_model(eager, deferred)
+    assert_same_state(eager, deferred)

@@ -1,0 +1,28 @@
+"""A model built eagerly and through deferred_init + materialize_module from the same seed, with
+the generator's next draw after each: what regression tests of silently different models compare."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Tuple
+
+import torch
+import torchdefer
+
+
+def built_both_ways(build: Callable[..., Any], *args: Any, seed: int = 0,
+                    **kwargs: Any) -> Tuple[Any, Any, torch.Tensor, torch.Tensor]:
+    """(eager model, deferred model, eager's next draw, the deferred one's next draw)."""
+    torch.manual_seed(seed)
+    eager = build(*args, **kwargs)
+    eager_next = torch.rand(3)
+    torch.manual_seed(seed)
+    deferred = torchdefer.deferred_init(build, *args, **kwargs)
+    torchdefer.materialize_module(deferred)
+    return eager, deferred, eager_next, torch.rand(3)
+
+
+def assert_same_state(eager: torch.nn.Module, deferred: torch.nn.Module) -> None:
+    deferred_state = deferred.state_dict()
+    assert list(deferred_state) == list(eager.state_dict())
+    for name, value in eager.state_dict().items():
+        assert torch.equal(deferred_state[name], value), name
