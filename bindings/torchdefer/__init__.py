@@ -162,11 +162,11 @@ def deferred_init(
             f"{type(module_cls_or_callable).__name__}"
         )
     name = getattr(module_cls_or_callable, "__qualname__", repr(module_cls_or_callable))
-    inference_values = _C._inference_tensors_made()
+    inference_tensors_before = _C._inference_tensors_made()
     with _recording.mode(), _generator_state.settled_on_access(), \
             _C._RecordingScope(name, exact_generator):
         result = module_cls_or_callable(*args, **kwargs)
-    if _C._inference_tensors_made() != inference_values:
+    if _C._inference_tensors_made() != inference_tensors_before:
         _refuse_inference_tensors(result, name)
     # Guarded, remembered for DTensors, handed out: Note [One walk over a returned module].
     _returned.settle(result)
