@@ -96,10 +96,27 @@ def commands(strategy: plan.Strategy, config: models.LlamaConfig, args: argparse
     return [python + ["--rank", "0", "--world", str(args.world), *common]]
 
 
+# free_port() lets its port go before rank 0's store binds it, so another process can take it in
+# between; a run that failed only for that is run again on another port.
+PORT_ATTEMPTS = 3
+
+
 def run_once(strategy: plan.Strategy, config: models.LlamaConfig, args: argparse.Namespace) -> List[Dict[str, Any]]:
     """Runs the strategy's processes together; returns each one's JSON line."""
+    attempt = 1
+    while True:
+        try:
+            return run_on_port(strategy, config, args, free_port())
+        except RunFailed as failure:
+            if attempt == PORT_ATTEMPTS or "address already in use" not in str(failure).lower():
+                raise
+            attempt += 1
+
+
+def run_on_port(strategy: plan.Strategy, config: models.LlamaConfig, args: argparse.Namespace,
+                port: int) -> List[Dict[str, Any]]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(args.build_dir / "python"), str(REPO)]),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for cmd in commands(strategy, config, args)]
     results = []

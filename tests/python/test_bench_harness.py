@@ -253,3 +253,32 @@ def test_a_phase_that_frees_memory_it_held_at_its_start_grows_by_nothing():
     held.close()
     assert peak.growth() is None or peak.growth() >= 0
     assert peak.peak() >= peak.start_rss
+
+
+def test_a_run_whose_port_was_taken_runs_again_on_another_port(monkeypatch):
+    ports, outcomes = [], [run.RunFailed("exit status 1: ... EADDRINUSE: address already in use"),
+                           [{"wall_s": 1.0}]]
+
+    def run_on_port(strategy, config, args, port):
+        ports.append(port)
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(run, "run_on_port", run_on_port)
+    assert run.run_once(None, None, None) == [{"wall_s": 1.0}]
+    assert len(ports) == 2
+
+
+def test_a_run_that_failed_for_another_reason_is_not_run_again(monkeypatch):
+    calls = []
+
+    def run_on_port(strategy, config, args, port):
+        calls.append(port)
+        raise run.RunFailed("exit status 1: out of memory")
+
+    monkeypatch.setattr(run, "run_on_port", run_on_port)
+    with pytest.raises(run.RunFailed, match="out of memory"):
+        run.run_once(None, None, None)
+    assert len(calls) == 1
