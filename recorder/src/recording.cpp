@@ -357,31 +357,35 @@ bool dispatch_mode_on() {
 // makes while inference mode is on (OpGraph::is_inference_value), and materialization refuses a
 // module tensor that is one, or that views the storage one made (a view or detach() of an
 // inference tensor is one, taken in inference mode or not), naming it (materialize.cpp); Python's
-// deferred_init refuses it when it returns. Views are refused when made: eager makes a view of an
-// ordinary tensor an ordinary one, but the Fake layer cannot make a fake view in inference mode (a
-// view shares its base's version counter, which an inference tensor cannot take). Writes into
-// existing fakes make no tensor, and calls on real tensors only run for real and give eager's
-// inference tensors.
-C10_NOINLINE bool made_in_inference_mode_slow(const c10::OperatorHandle& op,
-                                              const OperatorFacts& facts, const OpGraph* graph) {
-  if (C10_LIKELY(!c10::InferenceMode::is_enabled())) {
-    return false;
-  }
-  TORCH_CHECK(!facts.returns_view, "torchdefer: ", op.schema().operator_name(),
-              " was called under torch.inference_mode() on ",
-              graph != nullptr ? "fakes of " + graph->context() : std::string("fakes"),
-              ": it makes a view, which torchdefer's fakes cannot make in inference mode. Build "
-              "the module outside inference_mode (torch.no_grad() records the same "
-              "initialization), or make this view after materializing.");
-  return true;
+// deferred_init refuses it when it returns. A view of a fake cannot be made in inference mode
+// (autograd gives it its base's version counter, which a fake made in inference mode cannot
+// take, while eager makes a view of an ordinary tensor an ordinary one): a view op recorded at the
+// Fake key is refused before it runs, and a composite one (view_as, reshape) when a view made
+// below it failed; a composite's view that was made (below it, autograd is off) records unmarked,
+// since the storage it views decides (nn.init.orthogonal_ writes through one). A composite that
+// may return a view but returns its argument (`.to()` of a fake's own dtype) records too.
+// Writes into existing fakes make no tensor, and calls on real tensors only run for real and give
+// eager's inference tensors.
+C10_NOINLINE bool inference_mode_on() { return c10::InferenceMode::is_enabled(); }
+
+// Whether a call of `facts`' operator makes a tensor while inference mode is on. Out of line but
+// for the operator's fact, so that the recorder's hot path stays as the compiler laid it out.
+inline bool made_in_inference_mode(const OperatorFacts& facts) {
+  return facts.returns_new_tensor && inference_mode_on();
 }
 
-// Whether a call of `facts`' operator makes a tensor while inference mode is on; refuses a view.
-// Out of line but for the operator's fact, so that the recorder's hot path stays as the compiler
-// laid it out.
-inline bool made_in_inference_mode(const c10::OperatorHandle& op, const OperatorFacts& facts,
-                                   const OpGraph* graph) {
-  return facts.returns_new_tensor && made_in_inference_mode_slow(op, facts, graph);
+// Refuses a view made in inference mode (Note [Inference mode while recording]), `cause` the
+// error the call raised, if it ran.
+[[noreturn]] C10_NOINLINE void refuse_view_in_inference_mode(const c10::OperatorHandle& op,
+                                                             const OpGraph* graph,
+                                                             const c10::Error* cause) {
+  TORCH_CHECK(false, "torchdefer: ", op.schema().operator_name(),
+              " was called under torch.inference_mode() on ",
+              graph != nullptr ? "fakes of " + graph->context() : std::string("fakes"),
+              ": it makes a view, which torchdefer's fakes cannot make in inference mode",
+              cause != nullptr ? std::string(" (") + cause->what_without_backtrace() + ")" : "",
+              ". Build the module outside inference_mode (torch.no_grad() records the same "
+              "initialization), or make this view after materializing.");
 }
 
 // Marks the values node `node` made among `outputs` (Note [Inference mode while recording]); not
@@ -541,7 +545,10 @@ class Recorder {
           keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
       return;
     }
-    inference_ = made_in_inference_mode(op_, facts_, graph_);
+    inference_ = made_in_inference_mode(facts_);
+    if (inference_ && facts_.returns_view && position_ == Position::kAtFakeKey) {
+      refuse_view_in_inference_mode(op_, graph_, nullptr);  // autograd would fail after it
+    }
     describe_call();
     redispatch(keys);
     record();
@@ -814,6 +821,9 @@ class Recorder {
     try {
       run_below(keys);
     } catch (c10::Error& e) {
+      if (inference_ && facts_.returns_view) {
+        refuse_view_in_inference_mode(op_, graph_, &e);  // a composite's view, made below it
+      }
       if (graph_ != nullptr) {
         e.add_context(while_recording(schema_, *graph_));
       }
@@ -868,7 +878,7 @@ class Recorder {
       }
       outputs.push_back(output_value(*graph_, owner, index, *fake_impl(*t), *t));
     }
-    if (C10_UNLIKELY(inference_)) {
+    if (C10_UNLIKELY(inference_ && !facts_.returns_view)) {
       mark_inference_values(*graph_, index, outputs);
     }
     graph_->add_node(op_, described_arguments_, described_inputs_, outputs, ambient_);
@@ -979,7 +989,10 @@ class CommonCall {
   }
 
   void run(c10::DispatchKeySet keys) {
-    inference_ = made_in_inference_mode(op_, facts_, &graph_);
+    inference_ = made_in_inference_mode(facts_);
+    if (C10_UNLIKELY(inference_ && facts_.returns_view)) {
+      refuse_view_in_inference_mode(op_, &graph_, nullptr);  // autograd would fail after it
+    }
     {
       c10::impl::ExcludeDispatchKeyGuard no_recording(kDeferredInitKey);
       BelowRecordedCall below;
@@ -1085,7 +1098,7 @@ class CommonCall {
     } else {
       outputs.push_back(output_value(graph_, owner, index, *output_fake, *output));
     }
-    if (C10_UNLIKELY(inference_)) {
+    if (C10_UNLIKELY(inference_ && !facts_.returns_view)) {
       mark_inference_values(graph_, index, outputs);
     }
     graph_.add_described_node(op_, arguments(), inputs(), outputs, ambient_);
