@@ -291,13 +291,9 @@ MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tenso
                                            const std::vector<NamedTensor>& module_tensors,
                                            const MaterializeOptions& options) {
   for (const NamedTensor& entry : tensors) {
-    // Note [Inference mode while recording]: eager made it an inference tensor.
-    TORCH_CHECK(!made_in_inference_mode(entry.tensor), "torchdefer: cannot materialize ",
-                entry.name,
-                ": it was made under torch.inference_mode() while recording, where eager makes an "
-                "inference tensor, and materialization makes ordinary tensors. Make it outside "
-                "inference_mode (torch.no_grad() records the same values), or after "
-                "materializing.");
+    if (made_in_inference_mode(entry.tensor)) {  // Note [Inference mode while recording]
+      refuse_inference_tensor("cannot materialize " + entry.name + ": it");
+    }
   }
   const detail::CheckpointPlan checkpoint = checkpoint_plan(tensors, module_tensors, options);
   if (options.sharded()) {

@@ -217,6 +217,7 @@ PYBIND11_MODULE(_C, m) {
   // Note [Inference mode while recording]: deferred_init refuses a returned module tensor eager
   // made as an inference tensor, looking only when a recording made one.
   m.def("_made_in_inference_mode", [](const at::Tensor& t) { return made_in_inference_mode(t); });
+  m.def("_refuse_inference_tensor", [](const std::string& what) { refuse_inference_tensor(what); });
   m.def("_inference_tensors_made", [] { return inference_tensors_made(); });
   // A tensor that carries a fake's dispatch keys without being a fake: what `real.data = fake`
   // leaves behind (torch shallow-copies the fake's metadata into the real TensorImpl).

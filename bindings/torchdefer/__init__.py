@@ -180,12 +180,7 @@ def _refuse_inference_tensors(result: Any, name: str) -> None:
         return  # materialization refuses it, naming it
     for tensor_name, t in itertools.chain(result.named_parameters(), result.named_buffers()):
         if _C.is_fake(t) and _C._made_in_inference_mode(t):
-            raise RuntimeError(
-                f"torchdefer: {tensor_name} of {name} was made under torch.inference_mode() while "
-                "recording, where eager makes an inference tensor, and materialization makes "
-                "ordinary tensors. Make it outside inference_mode (torch.no_grad() records the "
-                "same values), or after materializing."
-            )
+            _C._refuse_inference_tensor(f"{tensor_name} of {name}")
 
 
 # Note [Walking a module]

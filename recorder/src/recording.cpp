@@ -368,12 +368,6 @@ bool dispatch_mode_on() {
 // eager's inference tensors.
 C10_NOINLINE bool inference_mode_on() { return c10::InferenceMode::is_enabled(); }
 
-// Whether a call of `facts`' operator makes a tensor while inference mode is on. Out of line but
-// for the operator's fact, so that the recorder's hot path stays as the compiler laid it out.
-inline bool made_in_inference_mode(const OperatorFacts& facts) {
-  return facts.returns_new_tensor && inference_mode_on();
-}
-
 // Refuses a view made in inference mode (Note [Inference mode while recording]), `cause` the
 // error the call raised, if it ran.
 [[noreturn]] C10_NOINLINE void refuse_view_in_inference_mode(const c10::OperatorHandle& op,
@@ -388,10 +382,26 @@ inline bool made_in_inference_mode(const OperatorFacts& facts) {
               "initialization), or make this view after materializing.");
 }
 
-// Marks the values node `node` made among `outputs` (Note [Inference mode while recording]); not
-// an argument it returned, which it did not make. Under the graph's lock.
+// Whether a call of `facts`' operator about to be recorded makes a tensor while inference mode is
+// on; a view op at the Fake key is refused here, before it runs, since autograd would fail after
+// it. Out of line but for the operator's fact, so that the recorder's hot path stays as the
+// compiler laid it out.
+inline bool made_in_inference_mode(const c10::OperatorHandle& op, const OperatorFacts& facts,
+                                   const OpGraph* graph, bool at_fake_key) {
+  if (!facts.returns_new_tensor || !inference_mode_on()) {
+    return false;
+  }
+  if (facts.returns_view && at_fake_key) {
+    refuse_view_in_inference_mode(op, graph, nullptr);
+  }
+  return true;
+}
+
+// How many values recordings made in inference mode (inference_tensors_made()).
 std::atomic<uint64_t> inference_values{0};
 
+// Marks the values node `node` made among `outputs` (Note [Inference mode while recording]); not
+// an argument it returned, which it did not make. Under the graph's lock.
 C10_NOINLINE void mark_inference_values(OpGraph& graph, int64_t node,
                                         c10::ArrayRef<int64_t> outputs) {
   for (const int64_t value : outputs) {
@@ -545,10 +555,7 @@ class Recorder {
           keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
       return;
     }
-    inference_ = made_in_inference_mode(facts_);
-    if (inference_ && facts_.returns_view && position_ == Position::kAtFakeKey) {
-      refuse_view_in_inference_mode(op_, graph_, nullptr);  // autograd would fail after it
-    }
+    inference_ = made_in_inference_mode(op_, facts_, graph_, position_ == Position::kAtFakeKey);
     describe_call();
     redispatch(keys);
     record();
@@ -989,10 +996,7 @@ class CommonCall {
   }
 
   void run(c10::DispatchKeySet keys) {
-    inference_ = made_in_inference_mode(facts_);
-    if (C10_UNLIKELY(inference_ && facts_.returns_view)) {
-      refuse_view_in_inference_mode(op_, &graph_, nullptr);  // autograd would fail after it
-    }
+    inference_ = made_in_inference_mode(op_, facts_, &graph_, /*at_fake_key=*/true);
     {
       c10::impl::ExcludeDispatchKeyGuard no_recording(kDeferredInitKey);
       BelowRecordedCall below;
@@ -1060,8 +1064,7 @@ class CommonCall {
   }
 
   void record() {
-    const bool returns_tensor = facts_.returns_tensor;
-    const at::Tensor* output = returns_tensor ? &stack_.back().toTensor() : nullptr;
+    const at::Tensor* output = facts_.returns_tensor ? &stack_.back().toTensor() : nullptr;
     FakeTensorImpl* const written_fake = written_fake_;
     // Note [The written fake]: the call returned the fake it wrote.
     TORCH_INTERNAL_ASSERT(written_fake == nullptr || output->unsafeGetTensorImpl() == written_fake,
@@ -1186,6 +1189,13 @@ bool made_in_inference_mode(const at::Tensor& t) {
 }
 
 uint64_t inference_tensors_made() { return inference_values.load(std::memory_order_relaxed); }
+
+void refuse_inference_tensor(const std::string& what) {
+  TORCH_CHECK(false, "torchdefer: ", what,
+              " was made under torch.inference_mode() while recording, where eager makes an "
+              "inference tensor, and materialization makes ordinary tensors. Make it outside "
+              "inference_mode (torch.no_grad() records the same values), or after materializing.");
+}
 
 void settle_default_generator(bool about_to_read) {
   if (about_to_read) {

@@ -132,6 +132,9 @@ TORCHDEFER_API bool made_in_inference_mode(const at::Tensor& t);
 // deferred_init looks for one in the module it returns only when this moved.
 TORCHDEFER_API uint64_t inference_tensors_made();
 
+// Refuses a tensor made_in_inference_mode(), `what` naming it ("cannot materialize w: it").
+[[noreturn]] TORCHDEFER_API void refuse_inference_tensor(const std::string& what);
+
 // Inside deferred_init: leaves PyTorch's default CPU generator where eager construction would
 // have it at this point, for code about to read or set its state (torch.get_rng_state,
 // torch.random.fork_rng). The recorder applies a recording's draws to the generator lazily, in
