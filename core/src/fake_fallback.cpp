@@ -92,13 +92,24 @@ bool allows_mixed_devices(std::string_view op) {
   return false;
 }
 
+// Note [A caller that knows the operator]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Two questions of steps 1 and 5 depend on the operator alone: may it read values (an op table
+// lookup by name: ~230 instructions a call, the largest part of the Fake layer's own work per
+// call of a Llama construction) and does it draw (a tag lookup). The recorder asks both once per
+// operator and thread (its OperatorFacts) before it calls the fallback, so it hands the answers
+// down (detail::KnownOperator) instead of having them asked again per call; a FakeMode call with
+// no recording asks them here. The answers are the same: the recorder's come from is_random() and
+// value_reading_api() too.
 class FakeCall {
  public:
-  FakeCall(const c10::OperatorHandle& op, torch::jit::Stack* stack)
+  FakeCall(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+           const detail::KnownOperator* known)
       : op_(op),
         schema_(op.schema()),
         stack_(*stack),
-        first_argument_(stack_.size() - schema_.arguments().size()) {
+        first_argument_(stack_.size() - schema_.arguments().size()),
+        known_(known) {
     collect_tensors();
   }
 
@@ -147,7 +158,8 @@ class FakeCall {
   // geometry, which a one-element tensor cannot show. Fakes on other devices keep the meta
   // kernel: their eager kernels are not the CPU's.
   bool answer_in_place_random_fill() {
-    if (!is_random(op_) || !writes_first_argument(schema_) || schema_.returns().size() != 1 ||
+    const bool random = known_ != nullptr ? known_->random : is_random(op_);
+    if (!random || !writes_first_argument(schema_) || schema_.returns().size() != 1 ||
         !argument(0).isTensor() || !is_fake(argument(0).toTensor())) {
       return false;
     }
@@ -265,6 +277,9 @@ class FakeCall {
   // A data-dependent op is answered when its result is known without data
   // (answer_without_values()), and refused otherwise; returns whether it was answered.
   bool answer_or_refuse_data_dependent_op() {
+    if (known_ != nullptr && !known_->may_read_values) {
+      return false;
+    }
     const std::optional<std::string> api = value_reading_api(
         op_, c10::ArrayRef<c10::IValue>(stack_).slice(first_argument_, schema_.arguments().size()));
     if (!api) {
@@ -508,6 +523,7 @@ class FakeCall {
   const size_t first_argument_;
   std::vector<TensorUse> tensors_;
   std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> shadows_;
+  const detail::KnownOperator* known_;  // null: ask (Note [A caller that knows the operator])
   bool has_fake_ = false;
 };
 
@@ -516,8 +532,8 @@ class FakeCall {
 namespace detail {
 
 void fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
-                   torch::jit::Stack* stack) {
-  FakeCall(op, stack).run(keys);
+                   torch::jit::Stack* stack, const KnownOperator* known) {
+  FakeCall(op, stack, known).run(keys);
 }
 
 }  // namespace detail

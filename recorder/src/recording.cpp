@@ -124,12 +124,12 @@ bool is_borrowed_memory(const at::Tensor& t) {
 // hashing per call, several times per call, which was a visible share of recording a model of
 // thousands of ops. So they are computed once per operator and thread (Note [Operators known by
 // their schema's address], deregistrations.h).
-struct OperatorFacts {
+// Its base holds what the Fake layer would ask again, handed down to it (Note [A caller that knows
+// the operator]): `random` and `may_read_values`, false when value_reading_api() answers nullopt
+// whatever the arguments.
+struct OperatorFacts : detail::KnownOperator {
   std::string name;
   std::string overload_name;
-  bool random = false;
-  // False when value_reading_api() answers nullopt whatever the arguments.
-  bool may_read_values = true;
   // Per schema argument. Bytes, not std::vector<bool>: every recorded call reads it per argument,
   // and a bit vector's indexing was a visible share of scanning the stack.
   std::vector<uint8_t> written;
@@ -200,7 +200,7 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
   return facts;
 }
 
-struct KnownOperator {
+struct FactsEntry {
   uint64_t deregistrations = 0;  // the count when `facts` were asked
   std::unique_ptr<OperatorFacts> facts;
 };
@@ -222,8 +222,8 @@ const OperatorFacts& facts_of(const c10::OperatorHandle& op) {
     return *slot.facts;
   }
   // By pointer, so that an entry stays where it is while ops run under a recorder that holds it.
-  thread_local ska::flat_hash_map<const c10::FunctionSchema*, KnownOperator> known;
-  KnownOperator& entry = known[schema];
+  thread_local ska::flat_hash_map<const c10::FunctionSchema*, FactsEntry> known;
+  FactsEntry& entry = known[schema];
   if (entry.facts == nullptr || entry.deregistrations != now) {
     entry.facts = std::make_unique<OperatorFacts>(facts_of_schema(op));
     entry.deregistrations = now;
@@ -815,7 +815,7 @@ class Recorder {
   // Runs the call as if the recorder were not there: the kernels below its position.
   void run_below(c10::DispatchKeySet keys) {
     if (position_ == Position::kAtFakeKey) {
-      detail::fake_fallback(op_, keys, &stack_);
+      detail::fake_fallback(op_, keys, &stack_, &facts_);
       return;
     }
     op_.redispatchBoxed(
@@ -1001,7 +1001,7 @@ class CommonCall {
       c10::impl::ExcludeDispatchKeyGuard no_recording(kDeferredInitKey);
       BelowRecordedCall below;
       try {
-        detail::fake_fallback(op_, keys, &stack_);
+        detail::fake_fallback(op_, keys, &stack_, &facts_);
       } catch (c10::Error& e) {
         e.add_context(while_recording(op_.schema(), graph_));
         throw;
