@@ -19,11 +19,16 @@
 //       nothing recorded — the C++ frontend has no meta-device context, and this is its equivalent:
 //       no storage, no initialization). Counters: ops and params (per model), s_per_op and
 //       s_per_param (time divided by them; the same op count for both modes, so the two modes
-//       compare per op). Destroying the model is not timed.
-//   BM_RecordAlternating/<model>                 one deferred_init of <model> and one construction
-//       under a FakeMode per iteration, alternating in one process so that both see the same
-//       load and caches; counters: record_cpu_s and fake_mode_cpu_s (this thread's CPU time per
-//       construction) and their ratio, the figure issue 12's 1.1× target is about.
+//       compare per op). Destroying the model is not timed, nor is waiting for the generator
+//       jump of the recording before (every construction here starts with none pending).
+//   BM_RecordAlternating/<model>                 two deferred_init of <model>, then two
+//       constructions under a FakeMode, per iteration, in one process so that both see the same
+//       load; counters: record_cpu_s and fake_mode_cpu_s (this thread's CPU time of the second
+//       construction of each kind, which follows one of its own kind, as in BM_Record) and their
+//       ratio, the figure issue 12's 1.1× target is about; cross_ratio, the same of the first of
+//       each kind, which follows the other kind: a FakeMode construction runs faster in the heap
+//       a recording leaves, a recording slower in the one a FakeMode construction leaves
+//       (docs/results.md).
 //   BM_Mt19937Jump/draws:<n>                     torchdefer::mt19937_discard of a seeded MT19937
 //       engine by n words (the jump the recorder makes at the end of a deferred_init that drew n
 //       words): 10^4 runs the recurrence, longer ones jump by polynomial (Note [MT19937
@@ -48,6 +53,7 @@
 #include <cstdint>
 #include <ctime>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -238,6 +244,15 @@ std::pair<int64_t, int64_t> recording_size(const ModelSpec& model) {
           static_cast<int64_t>(parameters.size())};
 }
 
+// Returns once no generator jump of an earlier recording is pending (Note [The jump in the
+// background]), so that every construction starts as a script's single deferred_init does: a
+// recording that starts during a jump skips its generator checks while the worker holds the
+// generator (Note [A recording that starts during a jump]).
+void wait_for_pending_jump() {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  const std::lock_guard<std::mutex> lock(generator.mutex());
+}
+
 // `model` recorded by deferred_init, or built under a FakeMode (no recording): what BM_Record and
 // BM_RecordAlternating compare.
 std::shared_ptr<torch::nn::Module> construct(const ModelSpec& model, bool deferred) {
@@ -263,6 +278,7 @@ void register_record() {
               benchmark::DoNotOptimize(module.get());
               state.PauseTiming();
               module.reset();
+              wait_for_pending_jump();
               state.ResumeTiming();
             }
             using benchmark::Counter;
@@ -288,6 +304,7 @@ double thread_cpu_seconds() {
 // This thread's CPU seconds to construct `model` (recorded or under a FakeMode), destruction not
 // counted.
 double construction_cpu_seconds(const ModelSpec& model, bool deferred) {
+  wait_for_pending_jump();
   const double start = thread_cpu_seconds();
   std::shared_ptr<torch::nn::Module> module = construct(model, deferred);
   benchmark::DoNotOptimize(module.get());
@@ -303,14 +320,20 @@ void register_record_alternating() {
           at::set_num_threads(1);
           double recorded = 0;
           double fake = 0;
+          double recorded_after_fake = 0;
+          double fake_after_recorded = 0;
           for (auto _ : state) {
+            recorded_after_fake += construction_cpu_seconds(model, true);
             recorded += construction_cpu_seconds(model, true);
+            fake_after_recorded += construction_cpu_seconds(model, false);
             fake += construction_cpu_seconds(model, false);
           }
           using benchmark::Counter;
           state.counters["record_cpu_s"] = Counter(recorded, Counter::kAvgIterations);
           state.counters["fake_mode_cpu_s"] = Counter(fake, Counter::kAvgIterations);
           state.counters["ratio"] = fake > 0 ? recorded / fake : 0;
+          state.counters["cross_ratio"] =
+              fake_after_recorded > 0 ? recorded_after_fake / fake_after_recorded : 0;
         })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);

@@ -227,9 +227,11 @@ def test_the_cpp_recording_target_compares_the_medians_of_the_micro_benchmarks(t
 
 
 def test_the_alternating_cpp_recording_target_is_the_median_of_the_ratio_counters(tmp_path):
-    def row(ratios):
+    def row(ratios, cross=None):
         runs = [dict(name="BM_RecordAlternating/llama3-70b/real_time", run_type="iteration", repetition_index=i,
                      real_time=7.0, cpu_time=7.0, time_unit="ms", ratio=r) for i, r in enumerate(ratios)]
+        for run, c in zip(runs, cross or []):
+            run["cross_ratio"] = c
         median = dict(name="BM_RecordAlternating/llama3-70b/real_time_median", run_type="aggregate",
                       aggregate_name="median", real_time=7.0, cpu_time=7.0, time_unit="ms", ratio=sorted(ratios)[1])
         source = tmp_path / "micro.json"
@@ -237,9 +239,13 @@ def test_the_alternating_cpp_recording_target_is_the_median_of_the_ratio_counter
         return report.targets_table([], report.load_micro([str(source)])).splitlines()[-1]
 
     assert row([1.25, 1.19, 1.31]) == (
-        "| C++ Llama: recording thread CPU ≤ 1.1× a `FakeMode` construction's, alternating | llama3-70b | "
+        "| C++ Llama: recording thread CPU ≤ 1.1× a `FakeMode` construction's, alternating by pairs | llama3-70b | "
         "`BM_RecordAlternating/llama3-70b` | 1.25× (median of 3 repetitions' `ratio`) | no |")
     assert row([1.09, 1.02, 1.2]).endswith("| 1.09× (median of 3 repetitions' `ratio`) | yes |")
+    # The cross ratio (each construction right after the other kind's) is shown, and decides nothing.
+    assert row([1.09, 1.02, 1.2], cross=[1.3, 1.14, 1.12]).endswith(
+        "| 1.09× (median of 3 repetitions' `ratio`; `cross_ratio`, each construction right after the other "
+        "kind's, 1.14×) | yes |")
 
 
 def test_a_phase_that_frees_memory_it_held_at_its_start_grows_by_nothing():
@@ -282,3 +288,16 @@ def test_a_run_that_failed_for_another_reason_is_not_run_again(monkeypatch):
     with pytest.raises(run.RunFailed, match="out of memory"):
         run.run_once(None, None, None)
     assert len(calls) == 1
+
+
+def test_full_materialization_is_checked_against_eager_with_the_same_runner():
+    def measured(strategy, wall_s):
+        return dict(strategy=strategy, model="llama-125m", status="measured", role="", runs=[{}],
+                    summary=dict(wall_s=dict(median=wall_s)))
+
+    lines = report.targets_table([measured("cpp-eager", 0.8), measured("cpp-deferred-full", 0.36),
+                                  measured("py-eager", 2.0), measured("py-deferred-full", 2.2)]).splitlines()
+    assert "| cpp-deferred-full wall time ≤ 0.5× cpp-eager's | llama-125m | cpp-deferred-full | 0.45× (medians) | yes |" in lines
+    assert "| py-deferred-full wall time ≤ 1.0× py-eager's | llama-125m | py-deferred-full | 1.10× (medians) | no |" in lines
+    # Without its eager row there is nothing to compare with.
+    assert not any("wall time ≤" in line for line in report.targets_table([measured("cpp-deferred-full", 0.36)]).splitlines())
