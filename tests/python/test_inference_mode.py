@@ -132,3 +132,19 @@ def test_a_returned_model_written_in_inference_mode_materializes():
         model.weight.mul_(torch.full((4, 4), 0.5))
     torchdefer.materialize_module(model)
     assert torch.equal(model.weight, eager.weight)
+
+
+class DataAssignedInInferenceMode(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(3))
+        with torch.inference_mode():
+            self.weight.data = torch.ones(3)  # eager: the parameter becomes an inference tensor
+
+
+def test_data_assigned_a_tensor_made_in_inference_mode_is_refused_where_eager_makes_an_inference_tensor():
+    assert DataAssignedInInferenceMode().weight.is_inference()  # eager
+    with pytest.raises(RuntimeError, match=r"`\.data = t` on fake Float\[3\].*made under torch\.inference_mode\(\)"):
+        torchdefer.deferred_init(DataAssignedInInferenceMode)
+    with pytest.raises(RuntimeError, match=r"`\.data = t` on fake Float\[3\]"), torchdefer.fake_mode():
+        DataAssignedInInferenceMode()
