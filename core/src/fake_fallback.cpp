@@ -100,7 +100,10 @@ bool allows_mixed_devices(std::string_view op) {
 // operator and thread (its OperatorFacts) before it calls the fallback, so it hands the answers
 // down (detail::KnownOperator) instead of having them asked again per call; a FakeMode call with
 // no recording asks them here. The answers are the same: the recorder's come from is_random() and
-// value_reading_api() too.
+// value_reading_api() too, and are forgotten when any operator is deregistered (Note [Operators
+// known by their schema's address]), so an operator defined again with other tags is asked anew
+// (tests/python/test_operator_facts.py); a stale "reads no values" would run a data-dependent op
+// on meta shadows.
 class FakeCall {
  public:
   FakeCall(const c10::OperatorHandle& op, torch::jit::Stack* stack,
