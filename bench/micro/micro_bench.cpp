@@ -23,12 +23,12 @@
 //       jump of the recording before (every construction here starts with none pending).
 //   BM_RecordAlternating/<model>                 two deferred_init of <model>, then two
 //       constructions under a FakeMode, per iteration, in one process so that both see the same
-//       load; counters: record_cpu_s and fake_mode_cpu_s (this thread's CPU time of the second
-//       construction of each kind, which follows one of its own kind, as in BM_Record) and their
-//       ratio, the figure issue 12's 1.1× target is about; cross_ratio, the same of the first of
-//       each kind, which follows the other kind: a FakeMode construction runs faster in the heap
-//       a recording leaves, a recording slower in the one a FakeMode construction leaves
-//       (docs/results.md).
+//       load (Note [Alternating by pairs]); counters: record_cpu_s and fake_mode_cpu_s (this
+//       thread's CPU time per construction) and their ratio, the figure issue 12's 1.1× target is
+//       about; same_kind_ratio and cross_ratio, the same of the constructions that follow one of
+//       their own kind and of those that follow the other; process_ratio, ratio in process CPU
+//       with each recording's generator jump. Real time covers the four constructions, their
+//       teardowns and the waits for the jumps.
 //   BM_Mt19937Jump/draws:<n>                     torchdefer::mt19937_discard of a seeded MT19937
 //       engine by n words (the jump the recorder makes at the end of a deferred_init that drew n
 //       words): 10^4 runs the recurrence, longer ones jump by polynomial (Note [MT19937
@@ -295,22 +295,49 @@ void register_record() {
   }
 }
 
-double thread_cpu_seconds() {
+double cpu_seconds(clockid_t clock) {
   timespec now{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  clock_gettime(clock, &now);
   return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
 }
 
-// This thread's CPU seconds to construct `model` (recorded or under a FakeMode), destruction not
-// counted.
-double construction_cpu_seconds(const ModelSpec& model, bool deferred) {
+// CPU seconds of one construction of `model`, recorded or under a FakeMode: this thread's, and the
+// process's until the recording's generator jump is made (the worker's share included).
+struct ConstructionCpu {
+  double thread = 0;
+  double process = 0;
+
+  ConstructionCpu& operator+=(const ConstructionCpu& other) {
+    thread += other.thread;
+    process += other.process;
+    return *this;
+  }
+};
+
+ConstructionCpu construction_cpu(const ModelSpec& model, bool deferred) {
   wait_for_pending_jump();
-  const double start = thread_cpu_seconds();
+  const double thread_start = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+  const double process_start = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
   std::shared_ptr<torch::nn::Module> module = construct(model, deferred);
   benchmark::DoNotOptimize(module.get());
-  return thread_cpu_seconds() - start;
+  ConstructionCpu cpu;
+  cpu.thread = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - thread_start;
+  wait_for_pending_jump();
+  cpu.process = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - process_start;
+  return cpu;
 }
 
+// Note [Alternating by pairs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A construction's time depends on the one before it: a FakeMode construction runs ~4% faster
+// right after a recording than after one of its own kind, and a recording ~2% slower right after a
+// FakeMode construction (docs/results.md), with the same instructions. Each kind in only one of
+// those places would favour one side, so every iteration constructs each kind twice (recording,
+// recording, FakeMode, FakeMode): each is measured once after its own kind and once after the
+// other, and `ratio`, the target's figure, pools all of them. `same_kind_ratio` and `cross_ratio`
+// are its two halves, and `process_ratio` is `ratio` in process CPU, with the recording's
+// generator jump, which the worker makes after deferred_init returns (Note [The jump in the
+// background]).
 void register_record_alternating() {
   for (const ModelSpec& model : record_models()) {
     const std::string name = std::string("BM_RecordAlternating/") + model.name;
@@ -318,22 +345,32 @@ void register_record_alternating() {
         name.c_str(),
         [&model](benchmark::State& state) {
           at::set_num_threads(1);
-          double recorded = 0;
-          double fake = 0;
-          double recorded_after_fake = 0;
-          double fake_after_recorded = 0;
+          ConstructionCpu recorded_after_recorded;
+          ConstructionCpu recorded_after_fake;
+          ConstructionCpu fake_after_recorded;
+          ConstructionCpu fake_after_fake;
           for (auto _ : state) {
-            recorded_after_fake += construction_cpu_seconds(model, true);
-            recorded += construction_cpu_seconds(model, true);
-            fake_after_recorded += construction_cpu_seconds(model, false);
-            fake += construction_cpu_seconds(model, false);
+            recorded_after_fake += construction_cpu(model, true);
+            recorded_after_recorded += construction_cpu(model, true);
+            fake_after_recorded += construction_cpu(model, false);
+            fake_after_fake += construction_cpu(model, false);
           }
+          const auto ratio = [](double recorded, double fake) {
+            return fake > 0 ? recorded / fake : 0;
+          };
+          const double recorded = recorded_after_fake.thread + recorded_after_recorded.thread;
+          const double fake = fake_after_recorded.thread + fake_after_fake.thread;
           using benchmark::Counter;
-          state.counters["record_cpu_s"] = Counter(recorded, Counter::kAvgIterations);
-          state.counters["fake_mode_cpu_s"] = Counter(fake, Counter::kAvgIterations);
-          state.counters["ratio"] = fake > 0 ? recorded / fake : 0;
+          state.counters["record_cpu_s"] = Counter(recorded / 2, Counter::kAvgIterations);
+          state.counters["fake_mode_cpu_s"] = Counter(fake / 2, Counter::kAvgIterations);
+          state.counters["ratio"] = ratio(recorded, fake);
+          state.counters["same_kind_ratio"] =
+              ratio(recorded_after_recorded.thread, fake_after_fake.thread);
           state.counters["cross_ratio"] =
-              fake_after_recorded > 0 ? recorded_after_fake / fake_after_recorded : 0;
+              ratio(recorded_after_fake.thread, fake_after_recorded.thread);
+          state.counters["process_ratio"] =
+              ratio(recorded_after_fake.process + recorded_after_recorded.process,
+                    fake_after_recorded.process + fake_after_fake.process);
         })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);

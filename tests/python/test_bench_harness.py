@@ -218,7 +218,7 @@ def test_the_cpp_recording_target_compares_the_medians_of_the_micro_benchmarks(t
         return report.targets_table([], report.load_micro([str(source)])).splitlines()[-1]
 
     assert row([6.0, 9.0, 5.0], [5.0, 4.0, 6.0]) == (
-        "| C++ Llama: recording (`deferred_init`) time ≤ 1.1× construction under a `FakeMode` | llama3-70b | "
+        "| C++ Llama: recording (`deferred_init`) time ≤ 1.1× construction under a `FakeMode`, back to back | llama3-70b | "
         "`BM_Record/deferred_init/llama3-70b` vs `BM_Record/fake_mode/llama3-70b` | 1.20× (medians of 3 and 3 "
         "repetitions: 6 ms vs 5 ms) | no |")
     assert row([5.3, 5.4, 5.6], [5.0, 5.1, 4.9]).endswith("| 1.08× (medians of 3 and 3 repetitions: 5.4 ms vs 5 ms) | yes |")
@@ -227,11 +227,12 @@ def test_the_cpp_recording_target_compares_the_medians_of_the_micro_benchmarks(t
 
 
 def test_the_alternating_cpp_recording_target_is_the_median_of_the_ratio_counters(tmp_path):
-    def row(ratios, cross=None):
+    def row(ratios, beside=None):
         runs = [dict(name="BM_RecordAlternating/llama3-70b/real_time", run_type="iteration", repetition_index=i,
                      real_time=7.0, cpu_time=7.0, time_unit="ms", ratio=r) for i, r in enumerate(ratios)]
-        for run, c in zip(runs, cross or []):
-            run["cross_ratio"] = c
+        for counter, values in (beside or {}).items():
+            for run, value in zip(runs, values):
+                run[counter] = value
         median = dict(name="BM_RecordAlternating/llama3-70b/real_time_median", run_type="aggregate",
                       aggregate_name="median", real_time=7.0, cpu_time=7.0, time_unit="ms", ratio=sorted(ratios)[1])
         source = tmp_path / "micro.json"
@@ -239,13 +240,15 @@ def test_the_alternating_cpp_recording_target_is_the_median_of_the_ratio_counter
         return report.targets_table([], report.load_micro([str(source)])).splitlines()[-1]
 
     assert row([1.25, 1.19, 1.31]) == (
-        "| C++ Llama: recording thread CPU ≤ 1.1× a `FakeMode` construction's, alternating by pairs | llama3-70b | "
-        "`BM_RecordAlternating/llama3-70b` | 1.25× (median of 3 repetitions' `ratio`) | no |")
+        "| C++ Llama: recording thread CPU ≤ 1.1× a `FakeMode` construction's, interleaved (each kind after itself "
+        "and after the other) | llama3-70b | `BM_RecordAlternating/llama3-70b` | 1.25× (median of 3 repetitions' "
+        "`ratio`) | no |")
     assert row([1.09, 1.02, 1.2]).endswith("| 1.09× (median of 3 repetitions' `ratio`) | yes |")
-    # The cross ratio (each construction right after the other kind's) is shown, and decides nothing.
-    assert row([1.09, 1.02, 1.2], cross=[1.3, 1.14, 1.12]).endswith(
-        "| 1.09× (median of 3 repetitions' `ratio`; `cross_ratio`, each construction right after the other "
-        "kind's, 1.14×) | yes |")
+    # Its halves and the process-CPU ratio are shown beside it, and decide nothing.
+    assert row([1.09, 1.02, 1.2], beside=dict(same_kind_ratio=[1.0, 1.02, 1.01], cross_ratio=[1.3, 1.14, 1.12],
+                                              process_ratio=[1.2, 1.22, 1.21])).endswith(
+        "| 1.09× (median of 3 repetitions' `ratio`; after its own kind 1.01×; after the other kind 1.14×; "
+        "in process CPU with the generator jump 1.21×) | yes |")
 
 
 def test_a_phase_that_frees_memory_it_held_at_its_start_grows_by_nothing():
