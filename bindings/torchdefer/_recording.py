@@ -231,21 +231,10 @@ def _new(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
     )
 
 
-def _refuse_data_assignment(self: torch.Tensor, value: Any) -> None:
-    """``self.data = value``: refused when it would put a fake into a real tensor, or make a fake an
-    inference tensor (Note [Inference mode while recording] in recorder/src/recording.cpp)."""
+def _refuse_fake_into_real(self: torch.Tensor, value: Any) -> None:
+    """``self.data = value``: refused when it would put a fake into a real tensor."""
     if not isinstance(value, torch.Tensor) or not _C.is_fake(value):
         return
-    if _C.is_fake(self) and value.is_inference() and not self.is_inference():
-        # Eager's set_data gives `self` the inference tensor's dispatch keys: it becomes one. Fakes
-        # of the two kinds have no common dense backend, so torch's own check would refuse the
-        # call naming neither tensor.
-        raise RuntimeError(
-            f"torchdefer: `.data = t` on {_C.describe(self)}, where t ({_C.describe(value)}) was "
-            "made under torch.inference_mode(): eager makes it an inference tensor then, and "
-            "materialization makes ordinary tensors. Make t outside inference_mode "
-            "(torch.no_grad() records the same values), or assign it after materializing."
-        )
     if not _C.is_fake(self):
         raise RuntimeError(
             f"torchdefer: `.data = fake` on a real tensor ({tuple(self.shape)}, {self.dtype}, "
@@ -353,7 +342,22 @@ def _stand_ins() -> List[Tuple[Any, str, Any]]:
 
     def setter(self, value):
         if _this_thread.open:
-            _refuse_data_assignment(self, value)
+            _refuse_fake_into_real(self, value)
+            if _C.is_fake(self) and isinstance(value, torch.Tensor) and _C.is_fake(value):
+                # Note [Assigning .data between fakes in inference mode]
+                # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+                # torch's set_data first asks whether the two tensors are compatible
+                # (_has_compatible_shallow_copy_type). Between an inference fake and another fake
+                # the answer is no while inference mode is on (autograd's keys are excluded, so the
+                # Fake layer answers on the two meta shadows, whose dispatch keys differ) and yes
+                # outside it, where eager says yes for two CPU tensors in either case. set_data
+                # does the same in and outside the mode: `self` takes `value`'s metadata and keys,
+                # so it becomes an inference tensor exactly when eager's does; a module tensor
+                # that ends up one is refused, naming it, as any other (Note [Inference mode while
+                # recording] in recorder/src/recording.cpp).
+                with torch.inference_mode(False):
+                    set_data(self, value)
+                return
         set_data(self, value)
 
     def deleter(self):

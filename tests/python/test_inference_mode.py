@@ -142,9 +142,36 @@ class DataAssignedInInferenceMode(torch.nn.Module):
             self.weight.data = torch.ones(3)  # eager: the parameter becomes an inference tensor
 
 
-def test_data_assigned_a_tensor_made_in_inference_mode_is_refused_where_eager_makes_an_inference_tensor():
+class TemporariesAssignedAcrossInferenceMode(torch.nn.Module):
+    """`.data` assigned between temporaries of both kinds; the parameters are made from them
+    outside inference mode, so eager's are ordinary tensors."""
+
+    def __init__(self):
+        super().__init__()
+        made_outside = torch.empty(3)
+        ordinary = torch.arange(3.0)
+        with torch.inference_mode():
+            made_inside = torch.empty(3)
+            made_inside.data = ordinary  # an inference tensor takes an ordinary one's data
+            inference = torch.arange(3.0, 6.0)
+        made_outside.data = inference  # an ordinary tensor takes an inference one's
+        self.first = torch.nn.Parameter(made_inside * 2)
+        self.second = torch.nn.Parameter(made_outside * 2)
+
+
+def test_data_assigned_a_tensor_made_in_inference_mode_gives_a_parameter_eager_makes_an_inference_tensor():
     assert DataAssignedInInferenceMode().weight.is_inference()  # eager
-    with pytest.raises(RuntimeError, match=r"`\.data = t` on fake Float\[3\].*made under torch\.inference_mode\(\)"):
+    with pytest.raises(RuntimeError, match=r"weight of DataAssignedInInferenceMode was made under torch\.inference_mode"):
         torchdefer.deferred_init(DataAssignedInInferenceMode)
-    with pytest.raises(RuntimeError, match=r"`\.data = t` on fake Float\[3\]"), torchdefer.fake_mode():
-        DataAssignedInInferenceMode()
+    with torchdefer.fake_mode():
+        assert DataAssignedInInferenceMode().weight.is_inference()
+
+
+def test_data_assigned_between_temporaries_across_inference_mode_gives_eagers_model():
+    eager, deferred, eager_next, deferred_next = built_both_ways(TemporariesAssignedAcrossInferenceMode)
+    assert_same_state(eager, deferred)
+    assert torch.equal(deferred_next, eager_next)
+    assert not deferred.first.is_inference() and not deferred.second.is_inference()
+    with torchdefer.fake_mode():
+        faked = TemporariesAssignedAcrossInferenceMode()
+    assert not faked.first.is_inference() and not faked.second.is_inference()
