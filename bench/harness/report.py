@@ -568,6 +568,9 @@ def markdown(results: Dict[str, Any], plot_name: str) -> str:
     ]
     if results["micro"]:
         parts += [f"Commands: {', '.join('`' + m['command'] + '`' for m in results['micro'])}", "",
+                  "What each benchmark measures is described at the top of its source (bench/micro/); a "
+                  "`BM_RecordAlternating` row's time covers four constructions, their teardowns and the waits "
+                  "for the recordings' generator jumps (its counters are the per-construction figures).", "",
                   micro_table(results["micro"])]
     else:
         parts += ["No Google Benchmark results were given (`--micro BINARY_OR_JSON`) and no binary was found "
