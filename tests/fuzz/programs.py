@@ -376,8 +376,8 @@ def attributes(ctx: Context) -> List[str]:
 
 def ambient(ctx: Context) -> List[str]:
     """Default dtype and device changed during construction, grad mode (class 1), inference mode
-    (writes into parameters record, temporaries included; a buffer made in it, or a view, is
-    refused)."""
+    (writes into parameters record, temporaries included, and `.data` assigned across it; a buffer
+    made in it, a view, or a parameter given an inference tensor's data, is refused)."""
     i, d = ctx.fresh(), ctx.rng.randint(1, 6)
     kind = ctx.pick(["dtype", "device", "default_device", "grad", "inference"])
     if kind == "inference":
@@ -390,6 +390,12 @@ def ambient(ctx: Context) -> List[str]:
         if ctx.rng.random() < 0.05:  # refused: a tensor made, or a view
             lines.append(ctx.pick([f'    self.register_buffer("h{i}", torch.zeros({d}))',
                                    f"    self.g{i}[0].fill_(2.5)"]))
+        if ctx.rng.random() < 0.15:
+            # `.data` across the mode: a temporary that takes an inference tensor's data feeds an
+            # ordinary parameter; a parameter that takes it becomes an inference tensor (refused).
+            lines += ["with torch.inference_mode():", f"    v{i} = torch.rand({d}, 2) + 1",
+                      f"t{i} = torch.empty({d}, 2)", f"t{i}.data = v{i}",
+                      ctx.pick([f"self.k{i} = nn.Parameter(t{i} * 2)", f"self.g{i}.data = v{i}"])]
         return lines
     if kind == "dtype":
         dtype = ctx.pick(["torch.bfloat16", "torch.float64", "torch.float16"])
