@@ -233,9 +233,7 @@ def _new(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
 
 def _refuse_fake_into_real(self: torch.Tensor, value: Any) -> None:
     """``self.data = value``: refused when it would put a fake into a real tensor."""
-    if not isinstance(value, torch.Tensor) or not _C.is_fake(value):
-        return
-    if not _C.is_fake(self):
+    if isinstance(value, torch.Tensor) and _C.is_fake(value) and not _C.is_fake(self):
         raise RuntimeError(
             f"torchdefer: `.data = fake` on a real tensor ({tuple(self.shape)}, {self.dtype}, "
             f"{self.device}) would leave it neither real nor fake: it would carry the fake "
