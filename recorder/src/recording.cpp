@@ -146,6 +146,9 @@ struct OperatorFacts : detail::KnownOperator {
   // and whether one is a view (Note [Inference mode while recording]).
   bool returns_new_tensor = false;
   bool returns_view = false;
+  // The first argument of Generator type, of an op without the nondeterministic_seeded tag; -1 if
+  // none (Note [A generator given to an untagged op]).
+  int32_t untagged_generator = -1;
 };
 
 // Whether `schema` has the shape CommonCall records (OperatorFacts::common).
@@ -195,8 +198,18 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
       facts.returns_view = facts.returns_view || r.alias_info() != nullptr;
     }
   }
-  facts.common = !facts.records_its_parts && !facts.may_read_values &&
-                 facts.bit_view == BitView::kNone && has_common_shape(schema, facts.written);
+  for (size_t i = 0; i < schema.arguments().size() && !facts.random; ++i) {
+    const c10::TypePtr& type = schema.arguments()[i].type();
+    const auto* optional = type->castRaw<c10::OptionalType>();
+    const c10::TypePtr& held = optional != nullptr ? optional->getElementType() : type;
+    if (held->kind() == c10::TypeKind::GeneratorType) {
+      facts.untagged_generator = static_cast<int32_t>(i);
+      break;
+    }
+  }
+  facts.common = facts.untagged_generator < 0 && !facts.records_its_parts &&
+                 !facts.may_read_values && facts.bit_view == BitView::kNone &&
+                 has_common_shape(schema, facts.written);
   return facts;
 }
 
@@ -555,6 +568,7 @@ class Recorder {
           keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
       return;
     }
+    refuse_generator_of_untagged_op();
     inference_ = made_in_inference_mode(op_, facts_, graph_, position_ == Position::kAtFakeKey);
     describe_call();
     redispatch(keys);
@@ -581,6 +595,31 @@ class Recorder {
                 describe(stack_[first_argument_].toTensor()),
                 " would make a conjugate or negative view of a fake, which fakes do not keep. "
                 "Use conj_physical() (or neg()) instead, or compute it after materialization.");
+  }
+
+  // Note [A generator given to an untagged op]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // deferred_init knows that an op draws by ATen's nondeterministic_seeded tag (every ATen op with
+  // a Generator argument has it). An op of another library given a generator but not tagged is
+  // recorded as an op that draws nothing, so recording would not move that generator as eager
+  // does, and replay would draw from wherever it is then: values different from eager's, silently,
+  // for a generator other than the default CPU one, whose draws replay cannot watch (Note [An
+  // untagged op that draws], replay.cpp). A recorded call of such an op that is given a generator
+  // is refused before it runs; tagged, it is placed on that generator as ATen's random ops are
+  // (Note [Explicit generators], torch_rng.cpp).
+  void refuse_generator_of_untagged_op() const {
+    if (facts_.untagged_generator < 0) {
+      return;
+    }
+    const c10::Argument& argument = schema_.arguments()[facts_.untagged_generator];
+    TORCH_CHECK(stack_[first_argument_ + facts_.untagged_generator].isNone(),
+                "torchdefer: ", schema_.operator_name(), " was given a generator (argument '",
+                argument.name(),
+                "') but has no nondeterministic_seeded tag, so deferred_init would record it as "
+                "an op that draws nothing: that generator, and the values drawn from it, would "
+                "differ from eager's. Register the op with that tag (torch.library.custom_op(..., "
+                "tags=(torch.Tag.nondeterministic_seeded,)), or the tags of its TORCH_LIBRARY "
+                "schema) and record the model again.");
   }
 
   c10::ArrayRef<c10::IValue> arguments() const {

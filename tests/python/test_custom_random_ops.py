@@ -1,7 +1,9 @@
 """Custom ops that draw random numbers (Note [An untagged op that draws], replay/src/replay.cpp):
-one tagged nondeterministic_seeded is recorded as a random op and gives eager's bits; one that
-draws from the default CPU generator without the tag is refused when materialization runs it,
-with the generator put back and the model left fake; one that draws nothing runs."""
+one tagged nondeterministic_seeded is recorded as a random op and gives eager's bits, from the
+default generator or one given to it; one that draws from the default CPU generator without the
+tag is refused when materialization runs it, with the generator put back and the model left fake;
+one given a generator without the tag is refused when recorded (Note [A generator given to an
+untagged op], recorder/src/recording.cpp); one that draws nothing runs."""
 
 import pytest
 import torch
@@ -90,3 +92,47 @@ def test_a_custom_op_that_draws_nothing_materializes():
     deferred = torchdefer.deferred_init(Noisy, twice)
     torchdefer.materialize_module(deferred)
     assert_same_state(eager, deferred)
+
+
+# torch.library.custom_op takes no Generator argument: these are defined by schema.
+_GENERATOR_OPS = torch.library.Library("torchdefer_tests_generators", "DEF")
+for _name, _tags in (("noise_from_untagged", ()), ("noise_from_tagged", (torch.Tag.nondeterministic_seeded,))):
+    _GENERATOR_OPS.define(f"{_name}(Tensor x, Generator? generator=None) -> Tensor", tags=_tags)
+    _GENERATOR_OPS.impl(_name, lambda x, generator=None: x + torch.rand(x.shape, generator=generator), "CPU")
+    _GENERATOR_OPS.impl(_name, lambda x, generator=None: torch.empty_like(x), "Meta")
+noise_from_untagged = torch.ops.torchdefer_tests_generators.noise_from_untagged
+noise_from_tagged = torch.ops.torchdefer_tests_generators.noise_from_tagged
+
+
+class NoisyFrom(torch.nn.Module):
+    def __init__(self, op, generator):
+        super().__init__()
+        self.w = torch.nn.Parameter(op(torch.zeros(4), generator))
+        self.v = torch.nn.Parameter(torch.rand(4, generator=generator))
+
+
+def test_an_untagged_custom_op_given_a_generator_is_refused_when_recorded_naming_it():
+    NoisyFrom(noise_from_untagged, torch.Generator().manual_seed(1))  # eager builds it
+    with pytest.raises(RuntimeError, match=r"noise_from_untagged was given a generator \(argument 'generator'\) "
+                                           r"but has no nondeterministic_seeded tag"):
+        torchdefer.deferred_init(NoisyFrom, noise_from_untagged, torch.Generator().manual_seed(1))
+    # On a returned model's fakes too, where the call would be recorded as well.
+    deferred = torchdefer.deferred_init(NoisyFrom, noise_from_tagged, None)
+    with pytest.raises(RuntimeError, match="nondeterministic_seeded tag"):
+        noise_from_untagged(deferred.w, torch.Generator().manual_seed(1))
+    # Given none, it draws from the default generator: Note [An untagged op that draws] refuses it
+    # when materialization runs it.
+    recorded = torchdefer.deferred_init(NoisyFrom, noise_from_untagged, None)
+    with pytest.raises(RuntimeError, match="drew from the default CPU generator"):
+        torchdefer.materialize_module(recorded)
+
+
+def test_a_tagged_custom_op_given_a_generator_moves_it_as_eager_does():
+    generator = torch.Generator().manual_seed(1)
+    eager, eager_next = NoisyFrom(noise_from_tagged, generator), torch.rand(3, generator=generator)
+    generator.manual_seed(1)
+    deferred = torchdefer.deferred_init(NoisyFrom, noise_from_tagged, generator)
+    deferred_next = torch.rand(3, generator=generator)
+    torchdefer.materialize_module(deferred)
+    assert_same_state(eager, deferred)
+    assert torch.equal(eager_next, deferred_next)
