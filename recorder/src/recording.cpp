@@ -22,6 +22,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
+#include <c10/util/StringUtil.h>
 #include <c10/util/flat_hash_map.h>
 
 #include <algorithm>
@@ -146,9 +147,11 @@ struct OperatorFacts : detail::KnownOperator {
   // and whether one is a view (Note [Inference mode while recording]).
   bool returns_new_tensor = false;
   bool returns_view = false;
-  // The first argument of Generator type, of an op without the nondeterministic_seeded tag; -1 if
-  // none (Note [A generator given to an untagged op]).
-  int32_t untagged_generator = -1;
+  // The arguments that can hold a generator (generator_argument_kind()), and whether the op's
+  // random-op placement can follow them: one `Generator`/`Generator?` of a random op (Note [A
+  // generator recording cannot follow]).
+  std::vector<int32_t> generator_arguments;
+  bool generators_followed = true;
 };
 
 // Whether `schema` has the shape CommonCall records (OperatorFacts::common).
@@ -198,18 +201,19 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
       facts.returns_view = facts.returns_view || r.alias_info() != nullptr;
     }
   }
-  for (size_t i = 0; i < schema.arguments().size() && !facts.random; ++i) {
-    const c10::TypePtr& type = schema.arguments()[i].type();
-    const auto* optional = type->castRaw<c10::OptionalType>();
-    const c10::TypePtr& held = optional != nullptr ? optional->getElementType() : type;
-    if (held->kind() == c10::TypeKind::GeneratorType) {
-      facts.untagged_generator = static_cast<int32_t>(i);
-      break;
+  bool one_generator = true;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const GeneratorArgument kind = generator_argument_kind(schema.arguments()[i]);
+    if (kind != GeneratorArgument::kNone) {
+      one_generator = one_generator && kind == GeneratorArgument::kOne;
+      facts.generator_arguments.push_back(static_cast<int32_t>(i));
     }
   }
-  facts.common = facts.untagged_generator < 0 && !facts.records_its_parts &&
-                 !facts.may_read_values && facts.bit_view == BitView::kNone &&
-                 has_common_shape(schema, facts.written);
+  facts.generators_followed =
+      facts.generator_arguments.empty() ||
+      (facts.random && one_generator && facts.generator_arguments.size() == 1);
+  facts.common = facts.generators_followed && !facts.records_its_parts && !facts.may_read_values &&
+                 facts.bit_view == BitView::kNone && has_common_shape(schema, facts.written);
   return facts;
 }
 
@@ -568,7 +572,7 @@ class Recorder {
           keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kDeferredInitKey), &stack_);
       return;
     }
-    refuse_generator_of_untagged_op();
+    refuse_generators_recording_cannot_follow();
     inference_ = made_in_inference_mode(op_, facts_, graph_, position_ == Position::kAtFakeKey);
     describe_call();
     redispatch(keys);
@@ -597,29 +601,56 @@ class Recorder {
                 "Use conj_physical() (or neg()) instead, or compute it after materialization.");
   }
 
-  // Note [A generator given to an untagged op]
-  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // deferred_init knows that an op draws by ATen's nondeterministic_seeded tag (every ATen op with
-  // a Generator argument has it). An op of another library given a generator but not tagged is
-  // recorded as an op that draws nothing, so recording would not move that generator as eager
-  // does, and replay would draw from wherever it is then: values different from eager's, silently,
-  // for a generator other than the default CPU one, whose draws replay cannot watch (Note [An
-  // untagged op that draws], replay.cpp). A recorded call of such an op that is given a generator
-  // is refused before it runs; tagged, it is placed on that generator as ATen's random ops are
-  // (Note [Explicit generators], torch_rng.cpp).
-  void refuse_generator_of_untagged_op() const {
-    if (facts_.untagged_generator < 0) {
+  // Note [A generator recording cannot follow]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A random op given a generator is placed on it and moves it as eager does (Note [Explicit
+  // generators], torch_rng.cpp), which needs one generator, in one `Generator`/`Generator?`
+  // argument, of an op that recording knows draws: ATen's nondeterministic_seeded tag (every ATen
+  // op with a Generator argument has it; inductor's internal inductor_reserve_rng_state aside).
+  // Any other call given a generator would be recorded with its draws on none or only one of
+  // them: an op of another library without the tag is recorded as drawing nothing, and one with
+  // several generator arguments, or a list of them, has only one followed. Replay would then draw
+  // from wherever those generators are, and both they and the values drawn would differ from
+  // eager's, silently (for a generator other than the default CPU one, which replay cannot watch:
+  // Note [An untagged op that draws], replay.cpp). So such a call is refused before it runs,
+  // naming the op and the argument; given no generator it records as before.
+  void refuse_generators_recording_cannot_follow() const {
+    if (facts_.generators_followed) {
       return;
     }
-    const c10::Argument& argument = schema_.arguments()[facts_.untagged_generator];
-    TORCH_CHECK(stack_[first_argument_ + facts_.untagged_generator].isNone(),
-                "torchdefer: ", schema_.operator_name(), " was given a generator (argument '",
-                argument.name(),
-                "') but has no nondeterministic_seeded tag, so deferred_init would record it as "
-                "an op that draws nothing: that generator, and the values drawn from it, would "
-                "differ from eager's. Register the op with that tag (torch.library.custom_op(..., "
+    std::vector<std::string> given;
+    for (const int32_t index : facts_.generator_arguments) {
+      const c10::IValue& value = stack_[first_argument_ + index];
+      const std::string& name = schema_.arguments()[index].name();
+      if (value.isGenerator()) {
+        given.push_back("'" + name + "'");
+      } else if (value.isList()) {
+        const c10::List<c10::IValue> list = value.toList();
+        for (size_t k = 0; k < list.size(); ++k) {
+          if (list.get(k).isGenerator()) {
+            given.push_back("'" + name + "'[" + std::to_string(k) + "]");
+          }
+        }
+      }
+    }
+    if (given.empty()) {
+      return;
+    }
+    const std::string arguments =
+        (given.size() == 1 ? "argument " : "arguments ") + c10::Join(", ", given);
+    TORCH_CHECK(facts_.random, "torchdefer: ", schema_.operator_name(), recorded_where(*graph_),
+                " was given a generator (", arguments,
+                ") but has no nondeterministic_seeded tag, so deferred_init would record it as an "
+                "op that draws nothing: that generator, and the values drawn from it, would differ "
+                "from eager's. Define the op with that tag (torch.library.Library.define(schema, "
                 "tags=(torch.Tag.nondeterministic_seeded,)), or the tags of its TORCH_LIBRARY "
-                "schema) and record the model again.");
+                "schema) and record the model again, or give it no generator, or call it after "
+                "materializing.");
+    TORCH_CHECK(false, "torchdefer: ", schema_.operator_name(), recorded_where(*graph_),
+                " was given generators (", arguments,
+                "), but recording follows one generator, given in a single Generator argument: "
+                "those generators, and the values drawn from them, would differ from eager's. Give "
+                "it one generator, or none, or call it after materializing.");
   }
 
   c10::ArrayRef<c10::IValue> arguments() const {

@@ -254,7 +254,7 @@ std::optional<c10::ScalarType> tensor_argument_dtype(const OpGraph& graph, const
 struct RandomOperator {
   DrawRule rule = DrawRule::kOnScratch;  // its op table DrawRule; kOnScratch if the table has none
   bool from_to = false;                  // kRandom: its bounds are `from`/`to`, not `low`/`high`
-  int32_t generator = -1;                // the index of its `generator` argument, or -1
+  int32_t generator = -1;                // the index of its Generator argument, or -1
 };
 
 // Note [Knowing a random operator]
@@ -272,8 +272,10 @@ RandomOperator describe_random_operator(const c10::FunctionSchema& schema) {
     op.rule = *info->draws;
   }
   op.from_to = schema.name() == "aten::random_";
+  // By type, not by name: a custom op's may be called anything (Note [A generator recording
+  // cannot follow], recording.cpp, refuses a call whose generators this one index misses).
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
-    if (schema.arguments()[i].name() == "generator") {
+    if (generator_argument_kind(schema.arguments()[i]) == GeneratorArgument::kOne) {
       op.generator = static_cast<int32_t>(i);
       break;
     }

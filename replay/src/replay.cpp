@@ -539,8 +539,8 @@ namespace {
 // real kernel on real memory). A moved engine is refused with the op's name and the tag to add:
 // the materialization fails whole and leaves the model fake (Note [Replay is all or nothing]).
 // ATen's ops are known by their tags and run unwatched, as do ops recorded with their draws (a
-// tagged custom op). One given a generator argument without the tag is refused when recorded
-// (Note [A generator given to an untagged op], recording.cpp); a custom op that draws from a CUDA
+// tagged custom op). One given a generator without the tag is refused when recorded (Note [A
+// generator recording cannot follow], recording.cpp); a custom op that draws from a CUDA
 // generator, or from a torch.Generator it holds itself, is not noticed (docs/python.md, known
 // limits).
 bool outside_aten(const RecordedNode& node) {

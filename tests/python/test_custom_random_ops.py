@@ -2,8 +2,9 @@
 one tagged nondeterministic_seeded is recorded as a random op and gives eager's bits, from the
 default generator or one given to it; one that draws from the default CPU generator without the
 tag is refused when materialization runs it, with the generator put back and the model left fake;
-one given a generator without the tag is refused when recorded (Note [A generator given to an
-untagged op], recorder/src/recording.cpp); one that draws nothing runs."""
+one given a generator without the tag, or generators in two arguments or a list, is refused when
+recorded (Note [A generator recording cannot follow], recorder/src/recording.cpp); one that draws
+nothing runs."""
 
 import pytest
 import torch
@@ -100,8 +101,23 @@ for _name, _tags in (("noise_from_untagged", ()), ("noise_from_tagged", (torch.T
     _GENERATOR_OPS.define(f"{_name}(Tensor x, Generator? generator=None) -> Tensor", tags=_tags)
     _GENERATOR_OPS.impl(_name, lambda x, generator=None: x + torch.rand(x.shape, generator=generator), "CPU")
     _GENERATOR_OPS.impl(_name, lambda x, generator=None: torch.empty_like(x), "Meta")
+# A tagged op whose generator argument has another name, or is keyword-only; untagged ones with
+# generators in two arguments or in a list.
+_GENERATOR_OPS.define("noise_from_gen(Tensor x, Generator? gen=None) -> Tensor", tags=(torch.Tag.nondeterministic_seeded,))
+_GENERATOR_OPS.impl("noise_from_gen", lambda x, gen=None: x + torch.rand(x.shape, generator=gen), "CPU")
+_GENERATOR_OPS.define("noise_from_keyword(Tensor x, *, Generator? g=None) -> Tensor",
+                      tags=(torch.Tag.nondeterministic_seeded,))
+_GENERATOR_OPS.impl("noise_from_keyword", lambda x, g=None: x + torch.rand(x.shape, generator=g), "CPU")
+_GENERATOR_OPS.define("noise_from_either(Tensor x, Generator? a=None, Generator? b=None) -> Tensor",
+                      tags=(torch.Tag.nondeterministic_seeded,))
+_GENERATOR_OPS.impl("noise_from_either", lambda x, a=None, b=None: x + torch.rand(x.shape, generator=b or a), "CPU")
+_GENERATOR_OPS.define("noise_from_list(Tensor x, Generator?[] generators) -> Tensor")
+_GENERATOR_OPS.impl("noise_from_list", lambda x, generators: x + torch.rand(x.shape, generator=generators[0]), "CPU")
+for _name in ("noise_from_gen", "noise_from_keyword", "noise_from_either", "noise_from_list"):
+    _GENERATOR_OPS.impl(_name, lambda x, *args, **kwargs: torch.empty_like(x), "Meta")
 noise_from_untagged = torch.ops.torchdefer_tests_generators.noise_from_untagged
 noise_from_tagged = torch.ops.torchdefer_tests_generators.noise_from_tagged
+_ops = torch.ops.torchdefer_tests_generators
 
 
 class NoisyFrom(torch.nn.Module):
@@ -113,8 +129,8 @@ class NoisyFrom(torch.nn.Module):
 
 def test_an_untagged_custom_op_given_a_generator_is_refused_when_recorded_naming_it():
     NoisyFrom(noise_from_untagged, torch.Generator().manual_seed(1))  # eager builds it
-    with pytest.raises(RuntimeError, match=r"noise_from_untagged was given a generator \(argument 'generator'\) "
-                                           r"but has no nondeterministic_seeded tag"):
+    with pytest.raises(RuntimeError, match=r"noise_from_untagged in deferred_init of NoisyFrom was given a generator "
+                                           r"\(argument 'generator'\) but has no nondeterministic_seeded tag"):
         torchdefer.deferred_init(NoisyFrom, noise_from_untagged, torch.Generator().manual_seed(1))
     # On a returned model's fakes too, where the call would be recorded as well.
     deferred = torchdefer.deferred_init(NoisyFrom, noise_from_tagged, None)
@@ -136,3 +152,29 @@ def test_a_tagged_custom_op_given_a_generator_moves_it_as_eager_does():
     torchdefer.materialize_module(deferred)
     assert_same_state(eager, deferred)
     assert torch.equal(eager_next, deferred_next)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, generator: _ops.noise_from_gen(x, generator),
+    lambda x, generator: _ops.noise_from_keyword(x, g=generator),
+], ids=["named-gen", "keyword-only"])
+def test_a_tagged_custom_op_moves_its_generator_whatever_the_argument_is_called(call):
+    generator = torch.Generator().manual_seed(1)
+    eager, eager_next = NoisyFrom(call, generator), torch.rand(3, generator=generator)
+    generator.manual_seed(1)
+    deferred = torchdefer.deferred_init(NoisyFrom, call, generator)
+    deferred_next = torch.rand(3, generator=generator)
+    torchdefer.materialize_module(deferred)
+    assert_same_state(eager, deferred)
+    assert torch.equal(eager_next, deferred_next)
+
+
+@pytest.mark.parametrize("call, named", [
+    (lambda x, generator: _ops.noise_from_either(x, None, generator), r"'b'"),
+    (lambda x, generator: _ops.noise_from_either(x, generator, generator), r"'a', 'b'"),
+    (lambda x, generator: _ops.noise_from_list(x, [generator]), r"'generators'\[0\]"),
+], ids=["second-of-two", "both-of-two", "in-a-list"])
+def test_generators_recording_cannot_follow_are_refused_naming_them(call, named):
+    NoisyFrom(call, torch.Generator().manual_seed(1))  # eager builds it
+    with pytest.raises(RuntimeError, match=named):
+        torchdefer.deferred_init(NoisyFrom, call, torch.Generator().manual_seed(1))

@@ -79,4 +79,24 @@ inline bool is_device_argument(const c10::Argument& argument) {
   return optional != nullptr && optional->getElementType()->kind() == c10::TypeKind::DeviceObjType;
 }
 
+// Whether an argument of this type can hold a generator: `Generator`, `Generator?` (kOne) or a
+// list of either (kList).
+enum class GeneratorArgument { kNone, kOne, kList };
+inline GeneratorArgument generator_argument_kind(const c10::Argument& argument) {
+  const auto unwrapped = [](const c10::Type& type) -> const c10::Type& {
+    const auto* optional = type.castRaw<c10::OptionalType>();
+    return optional != nullptr ? *optional->getElementType() : type;
+  };
+  const c10::Type& type = unwrapped(*argument.type());
+  if (type.kind() == c10::TypeKind::GeneratorType) {
+    return GeneratorArgument::kOne;
+  }
+  const auto* list = type.castRaw<c10::ListType>();
+  if (list != nullptr &&
+      unwrapped(*list->getElementType()).kind() == c10::TypeKind::GeneratorType) {
+    return GeneratorArgument::kList;
+  }
+  return GeneratorArgument::kNone;
+}
+
 }  // namespace torchdefer
