@@ -143,22 +143,12 @@ def test_an_untagged_custom_op_given_a_generator_is_refused_when_recorded_naming
         torchdefer.materialize_module(recorded)
 
 
-def test_a_tagged_custom_op_given_a_generator_moves_it_as_eager_does():
-    generator = torch.Generator().manual_seed(1)
-    eager, eager_next = NoisyFrom(noise_from_tagged, generator), torch.rand(3, generator=generator)
-    generator.manual_seed(1)
-    deferred = torchdefer.deferred_init(NoisyFrom, noise_from_tagged, generator)
-    deferred_next = torch.rand(3, generator=generator)
-    torchdefer.materialize_module(deferred)
-    assert_same_state(eager, deferred)
-    assert torch.equal(eager_next, deferred_next)
-
-
 @pytest.mark.parametrize("call", [
+    noise_from_tagged,
     lambda x, generator: _ops.noise_from_gen(x, generator),
     lambda x, generator: _ops.noise_from_keyword(x, g=generator),
-], ids=["named-gen", "keyword-only"])
-def test_a_tagged_custom_op_moves_its_generator_whatever_the_argument_is_called(call):
+], ids=["named-generator", "named-gen", "keyword-only"])
+def test_a_tagged_custom_op_given_a_generator_moves_it_as_eager_does_whatever_its_name(call):
     generator = torch.Generator().manual_seed(1)
     eager, eager_next = NoisyFrom(call, generator), torch.rand(3, generator=generator)
     generator.manual_seed(1)
