@@ -193,9 +193,7 @@ class FakeCall {
   std::optional<size_t> generator_argument() const {
     const auto& arguments = schema_.arguments();
     for (size_t i = 0; i < arguments.size(); ++i) {
-      const auto* optional = arguments[i].type()->castRaw<c10::OptionalType>();
-      if (optional != nullptr &&
-          optional->getElementType()->kind() == c10::TypeKind::GeneratorType) {
+      if (generator_argument_kind(arguments[i]) == GeneratorArgument::kOne) {
         return i;
       }
     }

@@ -403,7 +403,7 @@ C10_NOINLINE bool inference_mode_on() { return c10::InferenceMode::is_enabled();
 // on; a view op at the Fake key is refused here, before it runs, since autograd would fail after
 // it. Out of line but for the operator's fact, so that the recorder's hot path stays as the
 // compiler laid it out.
-inline bool made_in_inference_mode(const c10::OperatorHandle& op, const OperatorFacts& facts,
+inline bool makes_inference_tensor(const c10::OperatorHandle& op, const OperatorFacts& facts,
                                    const OpGraph* graph, bool at_fake_key) {
   if (!facts.returns_new_tensor || !inference_mode_on()) {
     return false;
@@ -573,7 +573,7 @@ class Recorder {
       return;
     }
     refuse_generators_recording_cannot_follow();
-    inference_ = made_in_inference_mode(op_, facts_, graph_, position_ == Position::kAtFakeKey);
+    inference_ = makes_inference_tensor(op_, facts_, graph_, position_ == Position::kAtFakeKey);
     describe_call();
     redispatch(keys);
     record();
@@ -1066,7 +1066,7 @@ class CommonCall {
   }
 
   void run(c10::DispatchKeySet keys) {
-    inference_ = made_in_inference_mode(op_, facts_, &graph_, /*at_fake_key=*/true);
+    inference_ = makes_inference_tensor(op_, facts_, &graph_, /*at_fake_key=*/true);
     {
       c10::impl::ExcludeDispatchKeyGuard no_recording(kDeferredInitKey);
       BelowRecordedCall below;

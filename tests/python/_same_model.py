@@ -7,6 +7,7 @@ from typing import Any, Callable, Tuple
 
 import torch
 import torchdefer
+from test_recording_state import assert_same_state as same_state_bitwise
 
 
 def built_both_ways(build: Callable[..., Any], *args: Any, seed: int = 0,
@@ -22,7 +23,7 @@ def built_both_ways(build: Callable[..., Any], *args: Any, seed: int = 0,
 
 
 def assert_same_state(eager: torch.nn.Module, deferred: torch.nn.Module) -> None:
-    deferred_state = deferred.state_dict()
-    assert list(deferred_state) == list(eager.state_dict())
-    for name, value in eager.state_dict().items():
-        assert torch.equal(deferred_state[name], value), name
+    """test_recording_state's comparison (bitwise, requires_grad, nothing left fake), in eager's
+    order."""
+    assert list(deferred.state_dict()) == list(eager.state_dict())
+    same_state_bitwise(eager, deferred)
