@@ -1,5 +1,6 @@
 """Prints the real-library suite's results from its JUnit XML: a row per library (cases,
-torch mode and shard checks passed), then each failure with its class from known_failures.py
+torch mode and shard checks passed; for trainer flows also the fake and promise checks, "-" where
+a library has none), then each failure with its class from known_failures.py
 ("unclassified" for a failure nobody has looked at yet, which is a new finding)."""
 
 import re
@@ -10,11 +11,14 @@ from collections import defaultdict
 from known_failures import KNOWN
 
 CHECKS = {"test_torch_mode_equals_eager": "torch mode",
-          "test_shards_concatenate_to_the_full_counter_model": "shards"}
+          "test_shards_concatenate_to_the_full_counter_model": "shards",
+          "test_every_tensor_is_fake_after_deferred_init": "fake",
+          "test_counter_mode_keeps_the_init_promise": "promise"}
 
 
 def main(path: str) -> None:
-    rows = defaultdict(lambda: {"torch mode": [0, 0], "shards": [0, 0], "cases": set()})
+    columns = list(CHECKS.values())
+    rows = defaultdict(lambda: {**{c: [0, 0] for c in columns}, "cases": set()})
     failures, passing_known = [], []
     for case in ET.parse(path).getroot().iter("testcase"):
         match = re.fullmatch(r"(\w+)\[(.+)\]", case.get("name", ""))
@@ -36,16 +40,22 @@ def main(path: str) -> None:
         message = (problem.get("message") or "").strip().splitlines()
         failures.append((name, check, klass, " / ".join(message[:3])[:300]))
 
-    print(f"{'library':<30}{'cases':>6}{'torch mode':>12}{'shards':>10}")
-    totals = [0, 0, 0, 0, 0]
+    def cell(passed: int, run: int, width: int) -> str:
+        return f"{f'{passed}/{run}' if run else '-':>{width}}"
+
+    print(f"{'library':<30}{'cases':>6}{'torch mode':>12}{'shards':>10}{'fake':>8}{'promise':>9}")
+    widths = (12, 10, 8, 9)
+    totals = {c: [0, 0] for c in columns}
+    n_cases = 0
     for library in sorted(rows):
         row = rows[library]
-        (tp, tn), (sp, sn) = row["torch mode"], row["shards"]
-        print(f"{library:<30}{len(row['cases']):>6}{f'{tp}/{tn}':>12}{f'{sp}/{sn}':>10}")
-        for i, v in enumerate((len(row["cases"]), tp, tn, sp, sn)):
-            totals[i] += v
-    print(f"{'total':<30}{totals[0]:>6}{f'{totals[1]}/{totals[2]}':>12}"
-          f"{f'{totals[3]}/{totals[4]}':>10}")
+        n_cases += len(row["cases"])
+        print(f"{library:<30}{len(row['cases']):>6}"
+              + "".join(cell(*row[c], w) for c, w in zip(columns, widths)))
+        for c in columns:
+            totals[c][0] += row[c][0]
+            totals[c][1] += row[c][1]
+    print(f"{'total':<30}{n_cases:>6}" + "".join(cell(*totals[c], w) for c, w in zip(columns, widths)))
     for name, check, klass, message in failures:
         print(f"FAILED {name} ({check}) [{klass}]: {message}")
     for entry in passing_known:

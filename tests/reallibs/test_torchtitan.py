@@ -9,22 +9,26 @@ from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
 DIM, HEADS, VOCAB = 64, 4, 256
 
 
-def _llama3(*, n_kv_heads=None, fuse_qkv=True, tied=False):
+def llama3_config(*, n_kv_heads=None, fuse_qkv=True, tied=False):
+    """The debug model's layout made smaller (test_trainer_flows.py builds it too)."""
+    return llama3.Llama3Model.Config(
+        dim=DIM, vocab_size=VOCAB, enable_weight_tying=tied,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=VOCAB, embedding_dim=DIM,
+            param_init=llama3._EMBEDDING_SKIP_INIT if tied else llama3._EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=DIM, param_init=llama3._NORM_INIT),
+        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB,
+                              param_init=llama3._output_linear_init(DIM)),
+        layers=llama3._build_llama3_layers(
+            n_layers=2, dim=DIM, n_heads=HEADS, n_kv_heads=n_kv_heads, hidden_dim=128,
+            fuse_qkv=fuse_qkv, attn_backend="flex",
+            rope=ComplexRoPE.Config(dim=DIM // HEADS, max_seq_len=64, theta=500000,
+                                    scaling="llama")))
+
+
+def _llama3(**layout):
     def build():
-        config = llama3.Llama3Model.Config(
-            dim=DIM, vocab_size=VOCAB, enable_weight_tying=tied,
-            tok_embeddings=Embedding.Config(
-                num_embeddings=VOCAB, embedding_dim=DIM,
-                param_init=llama3._EMBEDDING_SKIP_INIT if tied else llama3._EMBEDDING_INIT),
-            norm=RMSNorm.Config(normalized_shape=DIM, param_init=llama3._NORM_INIT),
-            lm_head=Linear.Config(in_features=DIM, out_features=VOCAB,
-                                  param_init=llama3._output_linear_init(DIM)),
-            layers=llama3._build_llama3_layers(
-                n_layers=2, dim=DIM, n_heads=HEADS, n_kv_heads=n_kv_heads, hidden_dim=128,
-                fuse_qkv=fuse_qkv, attn_backend="flex",
-                rope=ComplexRoPE.Config(dim=DIM // HEADS, max_seq_len=64, theta=500000,
-                                        scaling="llama")))
-        model = config.build()
+        model = llama3_config(**layout).build()
         model.init_weights(buffer_device=None)
         return model
     return build
