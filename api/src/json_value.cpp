@@ -76,9 +76,22 @@ class JsonValue::Parser {
     }
     while (true) {
       expect(peek() == '"', "expected a member name");
+      const size_t key_at = pos_;
       std::string key = parse_string();
+      // Refused here, not in the safetensors reader: only the parser sees both values, and a key
+      // repeated at any depth (a tensor's name, its data_offsets, an index's entry) is as
+      // ambiguous, since readers that keep the first value and readers that keep the last would
+      // read different tensors from one file.
+      TORCH_CHECK(value.object_.count(key) == 0, "torchdefer: ", what_, " repeats the key \"", key,
+                  "\"", enclosing_.empty() ? "" : " inside \"" + *enclosing_.back() + "\"",
+                  " (at byte ", key_at, "): the safetensors format requires unique names, and ",
+                  "JSON leaves open which of the two values a reader takes (one tensor can shadow ",
+                  "another); write the file again with each name once");
       consume(':');
-      value.object_.insert_or_assign(std::move(key), parse_value(depth + 1));
+      enclosing_.push_back(&key);
+      JsonValue member = parse_value(depth + 1);
+      enclosing_.pop_back();
+      value.object_.emplace(std::move(key), std::move(member));
       if (peek() == '}') {
         ++pos_;
         return;
@@ -224,6 +237,8 @@ class JsonValue::Parser {
   std::string_view text_;
   const std::string& what_;
   size_t pos_ = 0;
+  // The keys whose values are being parsed, outermost first, to name where a key repeats.
+  std::vector<const std::string*> enclosing_;
 };
 
 JsonValue JsonValue::parse(std::string_view text, const std::string& what) {

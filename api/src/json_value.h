@@ -18,7 +18,7 @@ class JsonValue {
   enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
 
   // Parses `text`, which must hold exactly one value; throws c10::Error naming `what` (the
-  // file) and the byte offset on malformed input.
+  // file) and the byte offset on malformed input, an object that repeats a key included.
   static JsonValue parse(std::string_view text, const std::string& what);
 
   Kind kind() const { return kind_; }

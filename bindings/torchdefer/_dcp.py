@@ -306,6 +306,30 @@ def box_reader_class() -> Any:
     return BoxReader
 
 
+def _read_metadata(reader: Any, path: str) -> Any:
+    """The Metadata of the DCP directory ``path``, refusing a ``.metadata`` that DCP's save did
+    not write before anything is read (otherwise it fails in unpickling, or later, with an error
+    that names neither the file nor what it should hold)."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        metadata = reader.read_metadata()
+    except OSError:
+        raise  # it names the file, and the file is not at fault
+    except Exception as error:
+        found = f"reading it fails with {type(error).__name__}: {error}"
+    else:
+        if isinstance(metadata, Metadata):
+            return metadata
+        found = f"it holds a {type(metadata).__name__}"
+    raise RuntimeError(
+        f"torchdefer: {os.path.join(path, '.metadata')} is not a torch.distributed.checkpoint "
+        f"metadata file ({found}): a directory holding .metadata is read as a DCP checkpoint, and "
+        "its .metadata must be the Metadata that torch.distributed.checkpoint.save writes; save the "
+        "checkpoint again with it, or remove the stray .metadata. Nothing was loaded"
+    )
+
+
 def dcp_reader(path: str, python_checkpoint: Any) -> Any:
     """The C++ reader for the DCP directory ``path`` (Note [Reading boxes of a DCP checkpoint])."""
     import torch.distributed.checkpoint as dcp
@@ -314,7 +338,7 @@ def dcp_reader(path: str, python_checkpoint: Any) -> Any:
     from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
     reader_class = box_reader_class()
-    metadata = reader_class(path).read_metadata()
+    metadata = _read_metadata(reader_class(path), path)
     stored = {
         name: item
         for name, item in metadata.state_dict_metadata.items()

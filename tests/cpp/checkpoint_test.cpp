@@ -153,6 +153,24 @@ TEST(SafetensorsFile, RefusesMalformedFilesNamingTheFileAndTensor) {
   std::remove(path.c_str());
 }
 
+TEST(SafetensorsFile, RefusesAHeaderThatRepeatsANameNamingTheNameAndTheFile) {
+  const std::string path = scratch("repeated.safetensors");
+  // Two entries for one name, each valid alone, over the same 4 bytes (four U8, or one F32):
+  // which of them a reader keeps would decide what it reads.
+  write_safetensors(path, {{"w", torch::ones({1})}},
+                    "\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}");
+  const std::string error = error_of([&] { detail::SafetensorsFile file(path); });
+  EXPECT_THAT(error, HasSubstr("the header of " + path + " repeats the key \"w\" (at byte 53)"));
+  EXPECT_THAT(error, HasSubstr("the safetensors format requires unique names"));
+  // A member repeated inside one tensor's entry is as ambiguous.
+  write_safetensors(path, {},
+                    "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,0],"
+                    "\"data_offsets\":[0,4]}");
+  EXPECT_THAT(error_of([&] { detail::SafetensorsFile file(path); }),
+              HasSubstr("repeats the key \"data_offsets\" inside \"w\""));
+  std::remove(path.c_str());
+}
+
 TEST(JsonValue, DecodesEscapesAndKeepsLargeIntegersExact) {
   const auto v = detail::JsonValue::parse(
       R"({"a\u00e9\ud83d\ude00\n": [9007199254740993, true, null, -2.5e3]})", "test");
@@ -184,6 +202,25 @@ TEST(MaterializeCheckpoint, ReadsWhatTheCheckpointHoldsAndInitializesTheRestAsEa
   EXPECT_THAT(stats.to_string(), HasSubstr("weight [10, 6] whole, read from the checkpoint"));
   EXPECT_THAT(stats.to_string(), HasSubstr("1 read from the checkpoint"));
   std::remove(path.c_str());
+}
+
+TEST(MaterializeCheckpoint, RefusesAnIndexThatRepeatsANameLoadingNothing) {
+  const fs::path dir = scratch("repeated_index");
+  fs::create_directories(dir);
+  write_safetensors((dir / "a.safetensors").string(), {{"weight", torch::randn({10, 6})}});
+  write_safetensors((dir / "b.safetensors").string(), {{"weight", torch::randn({10, 6})}});
+  std::ofstream(dir / "model.safetensors.index.json")
+      << R"({"weight_map": {"weight": "a.safetensors", "weight": "b.safetensors"}})";
+  auto model = deferred_init<torch::nn::Linear>(6, 10);
+  EXPECT_THAT(error_of([&] {
+                materialize_module(*model,
+                                   MaterializeOptions().checkpoint(open_safetensors(dir.string())));
+              }),
+              HasSubstr((dir / "model.safetensors.index.json").string() +
+                        " repeats the key \"weight\" inside \"weight_map\""));
+  EXPECT_TRUE(is_fake(model->weight));
+  EXPECT_TRUE(is_fake(model->bias));
+  fs::remove_all(dir);
 }
 
 TEST(MaterializeCheckpoint, ReadsOnlyThisRanksBoxWhenSharding) {

@@ -4,6 +4,9 @@ Hugging Face models are built from small configs; nothing is downloaded."""
 
 import json
 import os
+import pickle
+import re
+import types
 
 import pytest
 import torch
@@ -424,6 +427,51 @@ def test_bad_checkpoint_arguments_are_refused(tmp_path):
     with pytest.raises(RuntimeError, match="cannot open the checkpoint file .*absent"):
         torchdefer.materialize_module(model, checkpoint=tmp_path / "idx")
     assert torchdefer.is_fake(model.weight)
+
+
+def all_fake(model):
+    return all(torchdefer.is_fake(t) for t in tensors(model).values())
+
+
+def test_a_safetensors_header_that_repeats_a_name_is_refused_naming_it_and_loads_nothing(tmp_path):
+    # Written by hand: save_file cannot repeat a name. Each "weight" entry is valid alone.
+    weight = '{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}'
+    bias = '{"dtype":"F32","shape":[2],"data_offsets":[16,24]}'
+    header = f'{{"weight":{weight},"bias":{bias},"weight":{weight}}}'
+    path = tmp_path / "repeated.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header.encode() + bytes(24))
+    model = torchdefer.deferred_init(torch.nn.Linear, 2, 2)
+    expected = rf'the header of {re.escape(str(path))} repeats the key "weight" .*requires unique names'
+    with pytest.raises(RuntimeError, match=expected):
+        torchdefer.materialize_module(model, checkpoint=path)
+    assert all_fake(model)
+
+
+@pytest.mark.parametrize(
+    "content, found",
+    [
+        (bytes(range(255, -1, -1)), "UnpicklingError"),
+        (b"not a checkpoint\n", "UnpicklingError"),
+        (pickle.dumps({"weight": torch.zeros(2, 2)}), "dict"),
+        (pickle.dumps(types.SimpleNamespace(state_dict_metadata={})), "it holds a SimpleNamespace"),
+    ],
+    ids=["bytes", "text", "a pickled dict", "another object"],
+)
+def test_a_dcp_metadata_that_dcp_did_not_write_is_refused_naming_it_and_loads_nothing(
+    tmp_path, content, found
+):
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"weight": torch.ones(2, 2), "bias": torch.ones(2)}, checkpoint_id=str(tmp_path / "dcp"))
+    metadata = tmp_path / "dcp" / ".metadata"
+    metadata.write_bytes(content)
+    model = torchdefer.deferred_init(torch.nn.Linear, 2, 2)
+    with pytest.raises(RuntimeError) as error:
+        torchdefer.materialize_module(model, checkpoint=tmp_path / "dcp")
+    message = str(error.value)
+    assert f"{metadata} is not a torch.distributed.checkpoint metadata file (" in message
+    assert found in message and "torch.distributed.checkpoint.save writes" in message
+    assert all_fake(model)
 
 
 def test_the_checkpoint_benchmark_loads_the_same_bytes_every_way(tmp_path):
