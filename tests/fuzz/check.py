@@ -4,13 +4,18 @@
    ``m = deferred_init(M); after(m)`` then ``materialize_module`` in torch RNG mode: every parameter, buffer and tensor attribute (also
    inside lists, tuples and dicts) bitwise, with its dtype, shape, strides, ``requires_grad`` and
    type; which tensors share storage (and which are the same object); the default generator's
-   state after construction, and that of every torch.Generator the module holds. A program on which eager raises must make ``deferred_init`` raise
+   state after construction, and that of every torch.Generator the module holds or the program
+   made with ``make_generator`` (its ``GENERATORS``); a tensor eager leaves on the meta device
+   stays a meta tensor. A program on which eager raises must make ``deferred_init`` raise
    the same exception type.
 2. ``child_first``: the same, with the program's submodules materialized one by one in a random
    order before the root.
-3. ``counter``: every rank of ``Shard(r, W, dim)`` for a random ``W`` in {1, 2, 3, 7}: each
-   parameter is its ``torch.chunk`` slice of the full counter-mode materialization, bitwise, and
-   every other tensor is the whole full-model tensor (or the slice its ``shard_info`` names).
+3. ``counter``: every rank of ``Shard(r, W, dim)`` for a random ``W`` in {1, 2, 3, 7}, or of
+   ``Shard(r, W, dim, padded=True)`` for ``W`` in {2, 3, 4, 7}: each parameter is its
+   ``torch.chunk`` slice of the full counter-mode materialization, bitwise (padded with zeros to
+   the chunk size), and every other tensor is the whole full-model tensor (or the slice its
+   ``shard_info`` names); the tensors a ``trunc_normal_`` wrote last (``Program.bounds``) hold
+   values within its ``[a, b]`` in the full counter-mode model.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import re
 import traceback
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torchdefer
@@ -29,6 +34,8 @@ from .programs import Program
 
 CHECKS = ("torch", "child_first", "counter")
 WORLD_SIZES = (1, 2, 3, 7)
+# Shard(r, W, padded=True), as FSDP2 pads: every rank's local tensor has the chunk size.
+PADDED_WORLD_SIZES = (2, 3, 4, 7)
 
 
 # Programs torchdefer refuses by design, with a message, while deferred_init runs: each entry is
@@ -150,6 +157,14 @@ def _significant_strides(t: torch.Tensor) -> Tuple[int, ...]:
 def _same_tensor(name: str, expected: torch.Tensor, got: torch.Tensor, strict: bool = True) -> None:
     if torchdefer.is_fake(got):
         raise Mismatch(f"{name}: still fake after materialize_module ({_describe(got)})")
+    if expected.is_meta or got.is_meta:
+        # Built on the meta device and never moved (no to_empty): meta in eager, so meta here.
+        if not (expected.is_meta and got.is_meta) or expected.dtype != got.dtype or expected.shape != got.shape:
+            raise Mismatch(f"{name}: expected {_describe(expected)} on {expected.device}, got {_describe(got)} "
+                           f"on {got.device}")
+        if strict and (type(expected) is not type(got) or expected.requires_grad != got.requires_grad):
+            raise Mismatch(f"{name}: expected {_describe(expected)}, got {_describe(got)}")
+        return
     if expected.dtype != got.dtype or expected.shape != got.shape:
         raise Mismatch(f"{name}: expected {_describe(expected)}, got {_describe(got)}")
     if not torch.equal(_bits(expected), _bits(got)):
@@ -166,7 +181,7 @@ def _sharing(tensors: Dict[str, Tuple[torch.Tensor, str]]) -> Tuple[List[List[st
     by_object: Dict[int, List[str]] = {}
     for name, (t, _) in tensors.items():
         by_object.setdefault(id(t), []).append(name)
-        if torchdefer.is_fake(t) or t.untyped_storage().nbytes() == 0:
+        if torchdefer.is_fake(t) or t.is_meta or t.untyped_storage().nbytes() == 0:
             continue
         by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(name)
     groups = lambda d: sorted(sorted(g) for g in d.values() if len(g) > 1)  # noqa: E731
@@ -178,6 +193,20 @@ def named_generators(module: torch.nn.Module) -> Dict[str, torch.Generator]:
     return {f"{prefix}.{key}" if prefix else key: value
             for prefix, sub in module.named_modules() for key, value in vars(sub).items()
             if isinstance(value, torch.Generator)}
+
+
+def generator_states(made: List[torch.Generator]) -> List[torch.Tensor]:
+    """The states of the generators the program made (its GENERATORS, make_generator's list)."""
+    return [g.get_state() for g in made]
+
+
+def _same_generators(when: str, expected: List[torch.Tensor], made: List[torch.Generator]) -> None:
+    got = generator_states(made)
+    if len(got) != len(expected):
+        raise Mismatch(f"{when}: the program made {len(got)} generators, eager {len(expected)}")
+    for k, (e, g) in enumerate(zip(expected, got)):
+        if not torch.equal(e, g):
+            raise Mismatch(f"{when}: generator {k} (GENERATORS[{k}]) is not where eager left it")
 
 
 def compare_modules(eager: torch.nn.Module, deferred: torch.nn.Module) -> None:
@@ -204,45 +233,60 @@ def compare_modules(eager: torch.nn.Module, deferred: torch.nn.Module) -> None:
 # The checks.
 
 
-def _record(cls: type, after, seed: int, exact_generator: bool = False) -> torch.nn.Module:
-    """deferred_init of the program's M, then its after(m) on the returned model."""
+def _record(cls: type, after, seed: int, made: List[torch.Generator], exact_generator: bool = False,
+            built: Optional[List[torch.Tensor]] = None) -> torch.nn.Module:
+    """deferred_init of the program's M, then its after(m) on the returned model; with `built`,
+    the generators the constructor made must be where eager's left them before after(m) runs."""
+    made.clear()
     torch.manual_seed(seed)
     model = torchdefer.deferred_init(cls, exact_generator=exact_generator)
+    if built is not None:
+        _same_generators("after deferred_init", built, made)
     after(model)
     return model
 
 
-def _check_torch(cls: type, after, seed: int, eager: torch.nn.Module, built_state: torch.Tensor,
-                 eager_state: torch.Tensor) -> None:
+def _check_torch(cls: type, after, seed: int, made: List[torch.Generator], eager: torch.nn.Module,
+                 built_state: torch.Tensor, eager_state: torch.Tensor, built_gens: List[torch.Tensor],
+                 eager_gens: List[torch.Tensor]) -> None:
     # Both generator policies (Note [The generator after deferred_init]): exact_generator=True
     # leaves the generator where eager does as deferred_init returns; by default a recording with
     # rejection samplers owes it until the first torch-mode materialization pays it. A rejection
     # sampler run after deferred_init returned (trunc_normal_ in after(m)) owes it by default, and
     # is resolved at once on a recording made with exact_generator=True.
+    # The generators the program made (make_generator) move as eager moves them when the ops are
+    # recorded, never owed (Note [Explicit generators]), and materializing moves none of them.
+    made.clear()
     torch.manual_seed(seed)
     exact = torchdefer.deferred_init(cls, exact_generator=True)
     if not torch.equal(torch.get_rng_state(), built_state):
         raise Mismatch("the default generator after deferred_init(exact_generator=True) is not where "
                        "eager construction left it")
+    _same_generators("after deferred_init(exact_generator=True)", built_gens, made)
     after(exact)
     if not torch.equal(torch.get_rng_state(), eager_state):
         raise Mismatch("the default generator after after(m) on a deferred_init(exact_generator=True) "
                        "model is not where eager's after(m) left it")
+    _same_generators("after after(m) on a deferred_init(exact_generator=True) model", eager_gens, made)
     torchdefer.materialize_module(exact)
     if not torch.equal(torch.get_rng_state(), eager_state):
         raise Mismatch("materialize_module moved the default generator")
+    _same_generators("after materialize_module", eager_gens, made)
     compare_modules(eager, exact)
-    deferred = _record(cls, after, seed)
+    deferred = _record(cls, after, seed, made, built=built_gens)
+    _same_generators("after after(m)", eager_gens, made)
     owed = not torch.equal(torch.get_rng_state(), eager_state)
     torchdefer.materialize_module(deferred)
     if not torch.equal(torch.get_rng_state(), eager_state):
         raise Mismatch("materialize_module did not pay the owed default generator" if owed else
                        "materialize_module moved the default generator")
+    _same_generators("after materialize_module", eager_gens, made)
     compare_modules(eager, deferred)
 
 
-def _check_child_first(cls: type, after, seed: int, eager: torch.nn.Module, rng: random.Random) -> None:
-    deferred = _record(cls, after, seed)
+def _check_child_first(cls: type, after, seed: int, made: List[torch.Generator], eager: torch.nn.Module,
+                       rng: random.Random) -> None:
+    deferred = _record(cls, after, seed, made)
     children = [m for name, m in deferred.named_modules() if name]
     rng.shuffle(children)
     for child in children[: rng.randint(1, max(1, len(children)))]:
@@ -257,18 +301,51 @@ def _chunk_box(size: int, world: int, rank: int) -> Tuple[int, int]:
     return start, min(start + chunk, size)
 
 
-def _check_counter(cls: type, after, seed: int, rng: random.Random) -> str:
+def _padded_to(part: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
+    """`part` at the start of a zero tensor of `shape` (a padded shard: zero past the end)."""
+    if tuple(part.shape) == tuple(shape):
+        return part
+    if part.is_meta:
+        return torch.empty(shape, dtype=part.dtype, device="meta")
+    out = torch.zeros(shape, dtype=part.dtype)
+    region = out
+    for d, size in enumerate(part.shape):
+        region = region.narrow(d, 0, size)
+    region.copy_(part)
+    return out
+
+
+def _check_bounds(bounds, full: Dict[str, Tuple[torch.Tensor, str]]) -> None:
+    """Counter-mode truncated normals (Note [Counter-mode truncated normal]) within their [a, b]."""
+    for name, a, b in bounds:
+        if name not in full:
+            raise Mismatch(f"{name}: the program's bounds name a tensor the model does not hold")
+        t = full[name][0].detach()
+        low, high = torch.tensor(a, dtype=t.dtype), torch.tensor(b, dtype=t.dtype)
+        outside = (t < low) | (t > high) | t.isnan()
+        if bool(outside.any()):
+            raise Mismatch(f"{name}: counter mode put {int(outside.sum())} of {t.numel()} values outside "
+                           f"trunc_normal_'s [{a}, {b}]: {t[outside].flatten()[:4].tolist()}")
+
+
+def _check_counter(cls: type, after, seed: int, made: List[torch.Generator], rng: random.Random,
+                   bounds=()) -> str:
     world, dim = rng.choice(WORLD_SIZES), rng.randint(0, 1)
-    full_module = _record(cls, after, seed)
+    # Drawn after the others, so that the unpadded layouts are those of the runs before it.
+    padded = rng.random() < 0.5
+    if padded:
+        world = rng.choice(PADDED_WORLD_SIZES)
+    full_module = _record(cls, after, seed, made)
     torchdefer.materialize_module(full_module, rng="counter")
     full = named_tensors(full_module)
+    _check_bounds(bounds, full)
     for rank in range(world):
-        part_module = _record(cls, after, seed)
-        torchdefer.materialize_module(part_module, shard=torchdefer.Shard(rank, world, dim=dim))
+        part_module = _record(cls, after, seed, made)
+        torchdefer.materialize_module(part_module, shard=torchdefer.Shard(rank, world, dim=dim, padded=padded))
         part = named_tensors(part_module)
         for name, (whole, role) in full.items():
             local = part[name][0]
-            where = f"{name} (rank {rank} of Shard(W={world}, dim={dim}), {role})"
+            where = f"{name} (rank {rank} of Shard(W={world}, dim={dim}{', padded' if padded else ''}), {role})"
             if torchdefer.is_fake(local):
                 raise Mismatch(f"{where}: still fake after materialize_module")
             expected = whole
@@ -276,11 +353,17 @@ def _check_counter(cls: type, after, seed: int, rng: random.Random) -> str:
             if role == "parameter" and whole.dim() > dim:
                 start, stop = _chunk_box(whole.shape[dim], world, rank)
                 expected = whole.narrow(dim, start, stop - start)
+                if padded:
+                    shape = list(whole.shape)
+                    shape[dim] = -(-whole.shape[dim] // world)
+                    expected = _padded_to(expected, tuple(shape))
             elif info is not None:
                 for d, (start, stop) in enumerate(zip(*info["box"])):
                     expected = expected.narrow(d, start, stop - start)
+                if info.get("padded"):
+                    expected = _padded_to(expected, tuple(local.shape))
             _same_tensor(where, expected, local, strict=False)
-    return f"W={world} dim={dim}"
+    return f"W={world} dim={dim}{' padded' if padded else ''}"
 
 
 def _exception_line(e: BaseException) -> str:
@@ -295,17 +378,21 @@ def run_program(program: Program, checks: Tuple[str, ...] = CHECKS) -> Outcome:
         raise ValueError(f"unknown fuzz checks {unknown}; known: {list(CHECKS)}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cls, after = program.build()
+        namespace = program.namespace()
+        cls, after = namespace["M"], namespace["after"]
+        made: List[torch.Generator] = namespace.get("GENERATORS", [])  # type: ignore[assignment]
         rng = random.Random(program.seed ^ 0x5EED)
         try:
             torch.manual_seed(program.seed)
             eager = cls()
             built_state = torch.get_rng_state()
+            built_gens = generator_states(made)
             after(eager)
             eager_state = torch.get_rng_state()
+            eager_gens = generator_states(made)
         except Exception as eager_error:  # noqa: BLE001 (any exception eager raises is the reference)
             try:
-                _record(cls, after, program.seed)
+                _record(cls, after, program.seed, made)
             except Exception as deferred_error:  # noqa: BLE001
                 if type(deferred_error) is type(eager_error):
                     return Outcome(program, "eager_raises")
@@ -318,11 +405,12 @@ def run_program(program: Program, checks: Tuple[str, ...] = CHECKS) -> Outcome:
         for check in checks:
             try:
                 if check == "torch":
-                    _check_torch(cls, after, program.seed, eager, built_state, eager_state)
+                    _check_torch(cls, after, program.seed, made, eager, built_state, eager_state, built_gens,
+                                 eager_gens)
                 elif check == "child_first":
-                    _check_child_first(cls, after, program.seed, eager, rng)
+                    _check_child_first(cls, after, program.seed, made, eager, rng)
                 else:
-                    _check_counter(cls, after, program.seed, rng)
+                    _check_counter(cls, after, program.seed, made, rng, program.bounds)
             except Mismatch as mismatch:
                 return Outcome(program, "mismatch", check, str(mismatch))
             except Exception as error:  # noqa: BLE001 (eager did not raise, so torchdefer must not)

@@ -32,6 +32,33 @@ class Shifted(nn.Module):
 
     def right_inverse(self, x):
         return x - 1
+
+
+class Scale(nn.Module):
+    \"\"\"A module with parameters and a buffer of its own, and its own init (the trainer_flows family).\"\"\"
+
+    def __init__(self, n, k):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(n))
+        self.table = nn.Parameter(torch.empty(n, k))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.ones_(self.scale)
+        nn.init.normal_(self.table, std=0.5)
+        self.steps.zero_()
+
+
+# Every torch.Generator the program makes with make_generator, in order: the checks compare their
+# states with eager's (after construction, after after(m), after materializing).
+GENERATORS = []
+
+
+def make_generator(seed):
+    g = torch.Generator().manual_seed(seed)
+    GENERATORS.append(g)
+    return g
 """
 
 FLOAT_DTYPES = ["torch.float32", "torch.float64", "torch.bfloat16", "torch.float16"]
@@ -48,6 +75,17 @@ class Context:
     matrices: List[str] = field(default_factory=list)
     # The body of after(m), run on the built model (the module is `m` there).
     after: List[str] = field(default_factory=list)
+    # (tensor name as named_tensors gives it, a, b) for tensors whose last write is a
+    # trunc_normal_(..., a=a, b=b): the counter check requires their values within [a, b].
+    bounds: List[Tuple[str, float, float]] = field(default_factory=list)
+    # Whether after(m) empties and writes the whole model again (to_empty on the root).
+    after_rewrites_all: bool = False
+
+    def bound(self, name: str, a: float, b: float, in_after: bool) -> None:
+        """`name` was last written by a trunc_normal_ within [a, b], in after(m) or in the
+        constructor; unless after(m) writes everything again later."""
+        if in_after or not self.after_rewrites_all:
+            self.bounds.append((name, a, b))
 
     def fresh(self) -> int:
         self.counter += 1
@@ -700,6 +738,437 @@ def after_init(ctx: Context) -> List[str]:
     return lines
 
 
+# ---------------------------------------------------------------------------------------------
+# trainer_flows: what training scripts do around construction (issue 29).
+
+
+@dataclass
+class _Node:
+    """A module of a trainer_flows tree. `path` is its attribute path below the model
+    ("t3.c1[0]"), `name` its named_tensors prefix ("t3.c1.0"); a leaf has a constructor, its
+    parameters (name, shape) and its buffers; a container ("module" or "seq") has children."""
+
+    path: str
+    name: str
+    kind: str  # leaf, module, seq
+    ctor: str = ""
+    params: List[Tuple[str, Tuple[int, ...]]] = field(default_factory=list)
+    buffers: List[str] = field(default_factory=list)
+    children: List["_Node"] = field(default_factory=list)
+
+    def expr(self) -> str:
+        if self.kind == "seq":
+            return "nn.Sequential(" + ", ".join(c.expr() for c in self.children) + ")"
+        return self.ctor
+
+    def walk(self):
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+
+def _leaf(ctx: Context, path: str, name: str) -> _Node:
+    a, b = ctx.rng.randint(1, 6), ctx.rng.randint(1, 6)
+    kind = ctx.pick(["linear", "embedding", "layernorm", "conv", "batchnorm", "custom"])
+    if kind == "linear":
+        bias = ctx.pick([True, False])
+        return _Node(path, name, "leaf", f"nn.Linear({a}, {b}, bias={bias})",
+                     [("weight", (b, a))] + ([("bias", (b,))] if bias else []))
+    if kind == "embedding":
+        return _Node(path, name, "leaf", f"nn.Embedding({a + 1}, {b})", [("weight", (a + 1, b))])
+    if kind == "layernorm":
+        return _Node(path, name, "leaf", f"nn.LayerNorm({a})", [("weight", (a,)), ("bias", (a,))])
+    if kind == "conv":
+        k = ctx.pick([1, 3])
+        return _Node(path, name, "leaf", f"nn.Conv1d({a}, {b}, {k})", [("weight", (b, a, k)), ("bias", (b,))])
+    if kind == "batchnorm":
+        return _Node(path, name, "leaf", f"nn.BatchNorm1d({a})", [("weight", (a,)), ("bias", (a,))],
+                     ["running_mean", "running_var", "num_batches_tracked"])
+    return _Node(path, name, "leaf", f"Scale({a}, {b})", [("scale", (a,)), ("table", (a, b))], ["steps"])
+
+
+def _tree(ctx: Context, path: str, name: str, depth: int) -> _Node:
+    """A random module tree: plain nn.Module containers, Sequentials and leaves, up to 3 deep."""
+    roll = ctx.rng.random()
+    if depth >= 3 or roll < 0.35:
+        return _leaf(ctx, path, name)
+    if roll < 0.6:
+        node = _Node(path, name, "seq")
+        for k in range(ctx.rng.randint(1, 3)):
+            child_path, child_name = f"{path}[{k}]", f"{name}.{k}"
+            child = _leaf(ctx, child_path, child_name) if ctx.rng.random() < 0.7 else \
+                _Node(child_path, child_name, "seq", children=[_leaf(ctx, f"{child_path}[0]", f"{child_name}.0")])
+            node.children.append(child)
+        return node
+    node = _Node(path, name, "module")
+    for k in range(ctx.rng.randint(1, 3)):
+        node.children.append(_tree(ctx, f"{path}.c{k}", f"{name}.c{k}", depth + 1))
+    return node
+
+
+def _build_tree(node: _Node, meta: _Node, owner: str) -> List[str]:
+    """The statements that build `node` ("nn.Module()" containers attribute by attribute), with
+    the ones that build `meta` inside `with torch.device("meta"):`."""
+    if node.kind == "module":
+        lines = [f"{owner}.{node.path} = nn.Module()"]
+        for child in node.children:
+            lines += _build_tree(child, meta, owner)
+    else:
+        lines = [f"{owner}.{node.path} = {node.expr()}"]
+    if node is meta:
+        return ['with torch.device("meta"):'] + ["    " + line for line in lines]
+    return lines
+
+
+_TRUNC = [(0.0, 0.02, -0.04, 0.04), (0.0, 1.0, -2.0, 2.0), (0.5, 1.0, -1.0, 2.0), (0.0, 1.0, -0.3, 0.3),
+          (0.1, 0.5, -0.2, 1.5)]
+
+
+def _init_tensor(ctx: Context, target: str, name: str, shape: Tuple[int, ...], g: str, in_after: bool,
+                 real: bool) -> List[str]:
+    """Code that writes every element of the parameter `target` (after to_empty its memory is
+    uninitialized): one or two nn.init calls or direct draws, some given the generator `g`.
+
+    In after(m), no real draw from the default generator: after a rejection sampler it is owed
+    until materialization, and a real draw then differs from eager's by design (Note [The
+    generator after deferred_init]). So no factory draws from it there, and a `real` target (a
+    meta tensor that to_empty made real after deferred_init returned) is drawn with `g` only."""
+    lines: List[str] = []
+    numel = 1
+    for size in shape:
+        numel *= size
+    for _ in range(ctx.rng.randint(1, 2)):
+        gen = f", generator={g}" if g and (real or ctx.rng.random() < 0.6) else ""
+        bounds = None
+        choices = [
+            f"nn.init.normal_({target}, {ctx.value()}, {abs(ctx.value()) + 0.01}{gen})",
+            f"nn.init.uniform_({target}, -0.5, 0.5{gen})",
+            "TRUNC",
+            f"nn.init.zeros_({target})",
+            f"nn.init.ones_({target})",
+            f"nn.init.constant_({target}, {ctx.value()})",
+            f"{target}.data.uniform_(-1, 1{gen})",
+            f"{target}.data.normal_(0.0, 0.2{gen})",
+            f"{target}.data.bernoulli_(0.3{gen})",
+            f"{target}.data.exponential_(2.0{gen})",
+            f"{target}.data.log_normal_(0.0, 0.25{gen})",
+            f"{target}.data.cauchy_({gen[2:]})",
+            f"{target}.data.geometric_(0.3{gen})",
+            f"{target}.data.random_(0, 5{gen})",
+            f"with torch.no_grad(): {target}.normal_(generator={g or 'None'})",
+        ]
+        if not in_after or gen:
+            choices += [
+                f"{target}.data.copy_(torch.randn({shape}{gen}))",
+                f"{target}.data.copy_(torch.randint(0, 9, {shape}{gen}).float())",
+                f"{target}.data.copy_(torch.randperm({numel}{gen}).float().reshape({shape}))",
+                f"{target}.data.copy_(torch.multinomial(torch.linspace(1, 2, {numel}), {numel}, replacement=True"
+                f"{gen}).float().reshape({shape}))",
+            ]
+        if len(shape) >= 2:
+            choices += [
+                f"nn.init.kaiming_uniform_({target}, a=math.sqrt(5){gen})",
+                f"nn.init.kaiming_normal_({target}, mode='fan_out', nonlinearity='relu'{gen})",
+                f"nn.init.xavier_uniform_({target}, gain={abs(ctx.value()) + 0.1}{gen})",
+                f"nn.init.xavier_normal_({target}{gen})",
+                f"nn.init.orthogonal_({target}{gen})",
+            ]
+        call = ctx.pick(choices)
+        if call == "TRUNC":
+            mean, std, a, b = ctx.pick(_TRUNC)
+            call = f"nn.init.trunc_normal_({target}, mean={mean}, std={std}, a={a}, b={b}{gen})"
+            bounds = (name, a, b)
+        lines.append(call)
+    # The last write decides the bounds the counter check holds it to.
+    if bounds is not None:
+        ctx.bound(*bounds, in_after=in_after)
+    return lines
+
+
+def _init_buffers(ctx: Context, leaf: str, buffers: List[str], g: str, real: bool) -> List[str]:
+    if not buffers:
+        return []
+    gen = f", generator={g}" if g and (real or ctx.rng.random() < 0.5) else ""
+    if "steps" in buffers:
+        return [ctx.pick([f"{leaf}.steps.zero_()", f"{leaf}.steps.fill_(3)", f"{leaf}.steps.random_(0, 9{gen})"])]
+    return [ctx.pick([
+        f"{leaf}.reset_running_stats()",
+        f"{leaf}.running_mean.zero_(); {leaf}.running_var.fill_(1.0); {leaf}.num_batches_tracked.zero_()",
+        f"{leaf}.running_mean.uniform_(-1, 1{gen}); {leaf}.running_var.uniform_(0.5, 2.0{gen}); "
+        f"{leaf}.num_batches_tracked.fill_(2)",
+    ])]
+
+
+def _init_subtree(ctx: Context, target: _Node, owner: str, g: str, meta: _Node) -> List[str]:
+    """Initializes every parameter and buffer below `target` (after its to_empty). In after(m),
+    the tensors built under the meta device (below `meta`) are real once to_empty ran (they were
+    never fakes), so they draw from `g` only: reset_parameters() would draw real numbers from
+    the default generator, which may be owed then."""
+    real_nodes = {id(n) for n in meta.walk()} if owner == "m" else set()
+    if ctx.rng.random() < 0.15 and not any(id(n) in real_nodes for n in target.walk()):
+        return [f"{owner}.{target.path}.apply(lambda s: s.reset_parameters() "
+                "if hasattr(s, 'reset_parameters') else None)"]
+    lines: List[str] = []
+    for node in target.walk():
+        if node.kind != "leaf":
+            continue
+        leaf, real = f"{owner}.{node.path}", id(node) in real_nodes
+        if ctx.rng.random() < 0.25 and not real:
+            lines.append(f"{leaf}.reset_parameters()")
+            continue
+        for pname, shape in node.params:
+            lines += _init_tensor(ctx, f"{leaf}.{pname}", f"{node.name}.{pname}", shape, g, owner == "m", real)
+        lines += _init_buffers(ctx, leaf, node.buffers, g, real)
+    return lines
+
+
+def _generator(ctx: Context, i: int, owner: str, needed: bool = False) -> Tuple[List[str], str]:
+    """A fresh CPU generator `g{i}` (or none, unless `needed`), tracked by make_generator;
+    sometimes held by the module."""
+    if ctx.rng.random() < 0.3 and not needed:
+        return [], ""
+    lines = [f"g{i} = make_generator({ctx.rng.randrange(1000)})"]
+    if owner == "self" and ctx.rng.random() < 0.3:
+        lines.append(f"self.gen{i} = g{i}")
+    return lines, f"g{i}"
+
+
+def _meta_tree(ctx: Context, i: int, when: str) -> List[str]:
+    """A tree with a subtree (any node, the root included) built under the meta device, then
+    to_empty on a node at or below it or above it (or on none: it stays meta, as in eager), then
+    init of every tensor that to_empty emptied, in the constructor or in after(m)."""
+    root = _tree(ctx, f"t{i}", f"t{i}", 0)
+    # `meta` must be one statement of the build: the root, or a child of an nn.Module container.
+    statements = [root] + [c for n in root.walk() if n.kind == "module" for c in n.children]
+    meta = ctx.pick(statements)
+    lines = _build_tree(root, meta, "self")
+    if ctx.rng.random() < 0.12:
+        return lines  # never moved: meta in eager, and after materializing
+    below = list(meta.walk())
+    above = [n for n in root.walk() if n is not meta and any(x is meta for x in n.walk())]
+    target = ctx.pick(below + above) if ctx.rng.random() < 0.8 else ctx.pick(below)
+    owner = "self" if when == "during" else "m"
+    glines, g = _generator(ctx, i, owner, needed=owner == "m")
+    body = [f'{owner}.{target.path}.to_empty(device="cpu")'] + glines + _init_subtree(ctx, target, owner, g, meta)
+    if when == "during":
+        return lines + body
+    ctx.after.extend(body)
+    return lines
+
+
+def _draws(ctx: Context, i: int) -> List[str]:
+    """Direct draws with an explicit generator into new parameters and buffers, default-generator
+    draws between them."""
+    glines, g = _generator(ctx, i, "self")
+    if not g:
+        glines, g = [f"g{i} = make_generator({ctx.rng.randrange(1000)})"], f"g{i}"
+    lines = list(glines)
+    for k in range(ctx.rng.randint(1, 3)):
+        rows, cols = ctx.shape()
+        name = f"self.q{i}_{k}"
+        buf = f'self.register_buffer("q{i}_{k}", '
+        probs = f"torch.rand({cols}) + 0.1"
+        draws = [
+            f"{name} = nn.Parameter(torch.randn({rows}, {cols}, generator={g}))",
+            f"{name} = nn.Parameter(torch.empty({rows}, {cols}).uniform_(generator={g}))",
+            buf + f"torch.randint(0, 9, ({rows}, {cols}), generator={g}))",
+            buf + f"torch.randperm({rows * cols}, generator={g}).view({rows}, {cols}))",
+            buf + f"torch.empty({rows}, {cols}).bernoulli_(0.4, generator={g}))",
+            buf + f"torch.empty({rows}, {cols}).exponential_(1.5, generator={g}))",
+            buf + f"torch.empty({rows}, {cols}).log_normal_(0.0, 0.5, generator={g}))",
+            buf + f"torch.empty({rows}, {cols}).cauchy_(generator={g}))",
+            buf + f"torch.empty({rows}, {cols}).geometric_(0.4, generator={g}))",
+            buf + f"torch.empty({rows}, {cols}, dtype=torch.int64).random_(generator={g}))",
+            buf + f"torch.multinomial({probs}, {cols}, generator={g}))",
+            buf + f"torch.multinomial({probs}, {rows}, replacement=True, generator={g}))",
+            f"{name} = nn.Parameter(torch.empty({rows}, {cols})); "
+            f"nn.init.trunc_normal_({name}, std=0.02, a=-0.04, b=0.04, generator={g})",
+            f"{name} = nn.Parameter(torch.empty({rows}, {cols})); "
+            f"nn.init.trunc_normal_({name}, mean=0.5, std=1.0, a=-1.0, b=2.0, generator={g})",
+            f"_ = torch.randn({rows}, {cols}, generator={g})",
+            f"_ = torch.empty({rows}).uniform_(generator={g})",
+        ]
+        draw = ctx.pick(draws)
+        lines.append(draw)
+        if "trunc_normal_" in draw:
+            mean, a, b = (0.0, -0.04, 0.04) if "a=-0.04" in draw else (0.5, -1.0, 2.0)
+            ctx.bound(f"q{i}_{k}", a, b, in_after=False)
+        if ctx.rng.random() < 0.4:
+            lines.append(f"self.n{i}_{k} = nn.Parameter(torch.randn({cols}))")
+    return lines
+
+
+def _norm_forward(ctx: Context, i: int) -> List[str]:
+    """A forward at construction through a norm layer, in eval mode (running statistics read,
+    not written) or train mode (written), with or without no_grad; its output kept, read or
+    dropped."""
+    d, n = ctx.rng.randint(1, 5), ctx.rng.randint(2, 4)
+    net = f"self.n{i}"
+    kind = ctx.pick(["bn1d", "bn2d", "instance", "group", "layer"])
+    stats = False
+    if kind == "bn1d":
+        lines, x = [f"{net} = nn.Sequential(nn.Linear({d}, {d}), nn.BatchNorm1d({d}))"], f"torch.randn({n}, {d})"
+        stats = True
+    elif kind == "bn2d":
+        lines, x = [f"{net} = nn.Sequential(nn.Conv2d({d}, {d}, 1), nn.BatchNorm2d({d}))"], f"torch.randn({n}, {d}, 3, 3)"
+        stats = True
+    elif kind == "instance":
+        track = ctx.pick([True, False])
+        lines = [f"{net} = nn.Sequential(nn.Conv1d({d}, {d}, 1), nn.InstanceNorm1d({d}, "
+                 f"affine={ctx.pick([True, False])}, track_running_stats={track}))"]
+        x, stats = f"torch.randn({n}, {d}, 4)", track
+    elif kind == "group":
+        groups, per = ctx.rng.randint(1, 3), ctx.rng.randint(1, 2)
+        lines, x = [f"{net} = nn.Sequential(nn.Linear({d}, {groups * per}), nn.GroupNorm({groups}, {groups * per}))"], \
+            f"torch.randn({n}, {d})"
+    else:
+        lines, x = [f"{net} = nn.Sequential(nn.Linear({d}, {d}), nn.LayerNorm({d}))"], f"torch.randn({n}, {d})"
+    if stats and ctx.rng.random() < 0.5:
+        lines.append(f"{net}[1].running_mean.uniform_(-1, 1); {net}[1].running_var.uniform_(0.5, 2.0)")
+    source = ctx.pick(["real", "scaled", "parameter"])
+    if source == "scaled":
+        x = f"{x} * 2 + 1"
+    elif source == "parameter":
+        lines.append(f"self.x{i} = nn.Parameter({x})")
+        x = f"self.x{i}"
+    mode = ctx.pick(["eval", "eval", "root_eval", "train"])
+    if mode == "eval":
+        lines.append(f"{net}.eval()")
+    elif mode == "root_eval":
+        lines.append("self.eval()")
+    grad = ctx.rng.random() < 0.7
+    if grad:
+        lines += ["with torch.no_grad():", f"    y{i} = {net}({x})"]
+    else:
+        lines.append(f"y{i} = {net}({x})")
+    if mode == "root_eval":
+        lines.append("self.train()")
+    use = ctx.pick(["buffer", "read", "none", "train_again"])
+    if use == "buffer":
+        lines.append(f'self.register_buffer("y{i}", y{i}.detach().clone())')
+    elif use == "read":
+        lines += [f"if float(y{i}.sum()) > {ctx.value()}:", f"    {net}[0].weight.data.mul_(0.5)"]
+    elif use == "train_again":
+        lines += [f"{net}.train()", f"_ = {net}({x})"]
+    return lines
+
+
+def _dead_sampler(ctx: Context, i: int) -> List[str]:
+    """A value read, then rejection samplers (trunc_normal_, poisson) on temporaries whose values
+    nothing keeps, then default-generator draws that follow them."""
+    rows, cols = ctx.shape()
+    lines = [f"x{i} = torch.randn({rows}, {cols})"]
+    read = ctx.pick([f"float(x{i}.sum())", f"x{i}.abs().max().item()", f"float(x{i}.mean())"])
+    read_first = ctx.rng.random() < 0.7
+    if read_first:
+        lines.append(f"v{i} = {read}")
+    glines, g = _generator(ctx, i, "self")
+    lines += glines
+    for _ in range(ctx.rng.randint(1, 2)):
+        k, m = ctx.shape()
+        mean, std, a, b = ctx.pick(_TRUNC)
+        gen = f", generator={g}" if g and ctx.rng.random() < 0.5 else ""
+        lines.append(ctx.pick([
+            f"nn.init.trunc_normal_(torch.empty({k}, {m}), mean={mean}, std={std}, a={a}, b={b}{gen})",
+            f"t{i} = torch.empty({k}); nn.init.trunc_normal_(t{i}, std={std}{gen}); _ = t{i} * 2",
+            f"_ = torch.poisson(torch.rand({k}) * 3{gen})",
+            f"nn.init.trunc_normal_(x{i}.clone(), std={std}{gen})",
+        ]))
+    if not read_first:
+        lines.append(f"v{i} = {read}")
+    if ctx.rng.random() < 0.3:
+        lines.append(f"w{i} = float(torch.randn(3).sum())")
+    r2, c2 = ctx.shape()
+    lines.append(f"self.d{i} = nn.Parameter(torch.randn({r2}, {c2}))")
+    use = ctx.pick(["branch", "buffer", "none"])
+    if use == "branch":
+        lines += [f"if v{i} > {ctx.value()}:", f"    self.d{i}.data.mul_(0.5)"]
+    elif use == "buffer":
+        lines.append(f'self.register_buffer("v{i}", torch.tensor(v{i}))')
+    return lines
+
+
+def _data_real(ctx: Context, i: int) -> List[str]:
+    """`.data =` a real tensor (torch.tensor of a list) on a recorded parameter, then writes
+    through its views: p.data[0].fill_, p[1:].mul_ under no_grad, a column drawn."""
+    rows, cols = ctx.rng.randint(2, 9), ctx.rng.randint(1, 5)
+    values = [[ctx.value() for _ in range(cols)] for _ in range(rows)]
+    kind = ctx.pick(["parameter", "linear", "vector"])
+    if kind == "vector":
+        real = f"torch.tensor({[row[0] for row in values]})"
+        lines = [f"self.p{i} = nn.Parameter(torch.randn({ctx.rng.randint(1, 6)}))"]
+        target = f"self.p{i}"
+    elif kind == "linear":
+        real = f"torch.tensor({values})"
+        lines = [f"self.l{i} = nn.Linear({cols}, {rows})"]
+        target = f"self.l{i}.weight"
+    else:
+        real = f"torch.tensor({values})"
+        r0, c0 = ctx.pick([(rows, cols), ctx.shape()])
+        lines = [f"self.p{i} = nn.Parameter(torch.randn({r0}, {c0}))"]
+        target = f"self.p{i}"
+    lines.append(f"{target}.data = {real}")
+    writes = [
+        f"{target}.data[0].fill_({ctx.value()})",
+        f"{target}[1:].mul_({ctx.value()})",
+        f"{target}.data[-1].normal_()",
+        f"{target}[{ctx.rng.randrange(rows)}].uniform_(-1, 1)",
+    ]
+    if kind != "vector":
+        writes += [f"{target}.data[:, 0].normal_()", f"{target}[:, -1:].add_(torch.randn({rows}, 1))"]
+    lines.append("with torch.no_grad():")
+    for _ in range(ctx.rng.randint(1, 3)):
+        lines.append("    " + ctx.pick(writes))
+    return lines
+
+
+def _root_to_empty(ctx: Context, i: int, when: str) -> List[str]:
+    """to_empty on the whole model, in the constructor or in after(m) (torchtitan's meta-device
+    flow), then every parameter and buffer initialized again (in after(m) from a generator of its
+    own: tensors built under the meta device are real there once to_empty ran)."""
+    owner = "self" if when == "during" else "m"
+    glines, g = _generator(ctx, i, owner, needed=owner == "m")
+    gen = f", generator={g}" if g else ""
+    init = ctx.pick([f"nn.init.trunc_normal_(_p, std=0.02{gen})", f"nn.init.normal_(_p, std=0.1{gen})",
+                     f"nn.init.uniform_(_p, -0.1, 0.1{gen})"])
+    body = [f'{owner}.to_empty(device="cpu")'] + glines + [
+        f"for _p in {owner}.parameters():",
+        f"    {init} if _p.is_floating_point() else _p.data.zero_()",
+        f"for _b in {owner}.buffers():",
+        "    _b.zero_()",
+    ]
+    ctx.bounds.clear()  # everything is written again (the loop's own bounds are not tracked)
+    if when == "during":
+        return body
+    ctx.after_rewrites_all = True
+    ctx.after.extend(body)
+    return []
+
+
+def trainer_flows(ctx: Context) -> List[str]:
+    """What trainer code does around construction (issue 29): meta-device builds with to_empty
+    at any depth and init after it, explicit generators given to every random op, forwards
+    through norm layers in eval and train mode, dead rejection samplers after a value read,
+    `.data =` real tensors written through views."""
+    i = ctx.fresh()
+    kind = ctx.pick(["meta", "meta", "meta_after", "draws", "norm", "dead", "data_real", "root"])
+    if kind == "meta":
+        return _meta_tree(ctx, i, "during")
+    if kind == "meta_after":
+        return _meta_tree(ctx, i, "after")
+    if kind == "draws":
+        return _draws(ctx, i)
+    if kind == "norm":
+        return _norm_forward(ctx, i)
+    if kind == "dead":
+        return _dead_sampler(ctx, i)
+    if kind == "data_real":
+        return _data_real(ctx, i)
+    if ctx.rng.random() < 0.5:  # the whole model: rarer than the rest
+        return _root_to_empty(ctx, i, ctx.pick(["during", "after"]))
+    return _meta_tree(ctx, i, "after")
+
+
 FAMILIES: Dict[str, Snippet] = {
     "basics": basics,
     "init": init,
@@ -722,6 +1191,7 @@ FAMILIES: Dict[str, Snippet] = {
     "conj_views": conj_views,
     "value_reads": value_reads,
     "after_init": after_init,
+    "trainer_flows": trainer_flows,
 }
 
 
@@ -730,12 +1200,19 @@ class Program:
     seed: int
     families: Tuple[str, ...]  # the family of each snippet, in order
     source: str
+    # Context.bounds: (name, a, b) of tensors a trunc_normal_ wrote last (the counter check).
+    bounds: Tuple[Tuple[str, float, float], ...] = ()
+
+    def namespace(self) -> Dict[str, object]:
+        """Executes the source and returns its globals: M, after, GENERATORS."""
+        namespace: Dict[str, object] = {}
+        exec(compile(self.source, f"<fuzz program {self.seed}>", "exec"), namespace)
+        return namespace
 
     def build(self) -> Tuple[type, Callable[[object], None]]:
         """Executes the source and returns the module class M and the function after(m) it
         defines."""
-        namespace: Dict[str, object] = {}
-        exec(compile(self.source, f"<fuzz program {self.seed}>", "exec"), namespace)
+        namespace = self.namespace()
         return namespace["M"], namespace["after"]  # type: ignore[return-value]
 
 
@@ -755,4 +1232,7 @@ def generate(seed: int, families: Sequence[str]) -> Program:
     lines += ["        " + line for line in body]
     lines += ["", "", "def after(m):"]
     lines += ["    " + line for line in ctx.after] if ctx.after else ["    pass"]
-    return Program(seed, chosen, "\n".join(lines) + "\n")
+    if ctx.bounds:
+        lines += ["", "", "# counter mode keeps these within [a, b] (trunc_normal_ wrote them last):"]
+        lines += [f"# {name}: [{a}, {b}]" for name, a, b in ctx.bounds]
+    return Program(seed, chosen, "\n".join(lines) + "\n", tuple(ctx.bounds))

@@ -24,10 +24,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.fuzz.check import run_seed  # noqa: E402
 from tests.fuzz.programs import FAMILIES  # noqa: E402
 
-# 22 tests of this many programs: 352 programs, CI's budget of 360 (docs/fuzzing.md).
+# Families CI leaves out until the fixes they wait for land; TORCHDEFER_FUZZ_FAMILIES and the long
+# run (python3 -m tests.fuzz) draw from them as from the others. trainer_flows waits for issue 29
+# items 1-5 (docs/fuzzing.md, "trainer_flows"): CI runs it once this is ().
+WAITING = ("trainer_flows",)
+# 22 tests of this many programs: 352 programs, CI's budget of 360 (docs/fuzzing.md); 23 tests,
+# 368 programs, with trainer_flows.
 PROGRAMS = int(os.environ.get("TORCHDEFER_FUZZ_PROGRAMS", "16"))
 SEED_BASE = int(os.environ.get("TORCHDEFER_FUZZ_SEED_BASE", "1100000"))
-SELECTED = tuple(f for f in os.environ.get("TORCHDEFER_FUZZ_FAMILIES", ",".join(FAMILIES)).split(",") if f)
+DEFAULT_FAMILIES = ",".join(f for f in FAMILIES if f not in WAITING)
+SELECTED = tuple(f for f in os.environ.get("TORCHDEFER_FUZZ_FAMILIES", DEFAULT_FAMILIES).split(",") if f)
 
 
 def run_programs(families, seed_base):
