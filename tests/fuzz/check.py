@@ -6,7 +6,8 @@
    type; which tensors share storage (and which are the same object); the default generator's
    state after construction, and that of every torch.Generator the module holds or the program
    made with ``make_generator`` (its ``GENERATORS``); a tensor eager leaves on the meta device
-   stays a meta tensor. A program on which eager raises must make ``deferred_init`` raise
+   stays a meta tensor, and one ``to_empty`` moved off it inside the constructor
+   (``Program.fakes``) is a fake when ``deferred_init`` returns. A program on which eager raises must make ``deferred_init`` raise
    the same exception type.
 2. ``child_first``: the same, with the program's submodules materialized one by one in a random
    order before the root.
@@ -234,21 +235,29 @@ def compare_modules(eager: torch.nn.Module, deferred: torch.nn.Module) -> None:
 
 
 def _record(cls: type, after, seed: int, made: List[torch.Generator], exact_generator: bool = False,
-            built: Optional[List[torch.Tensor]] = None) -> torch.nn.Module:
+            built: Optional[List[torch.Tensor]] = None, fakes: Tuple[str, ...] = ()) -> torch.nn.Module:
     """deferred_init of the program's M, then its after(m) on the returned model; with `built`,
-    the generators the constructor made must be where eager's left them before after(m) runs."""
+    the generators the constructor made must be where eager's left them before after(m) runs,
+    and the tensors named in `fakes` must be fake then."""
     made.clear()
     torch.manual_seed(seed)
     model = torchdefer.deferred_init(cls, exact_generator=exact_generator)
     if built is not None:
         _same_generators("after deferred_init", built, made)
+    if fakes:
+        tensors = named_tensors(model)
+        for name in fakes:
+            if not torchdefer.is_fake(tensors[name][0]):
+                raise Mismatch(f"{name}: real when deferred_init returned ({_describe(tensors[name][0])} on "
+                               f"{tensors[name][0].device}); to_empty inside the constructor made it, and only "
+                               "recorded ops wrote it")
     after(model)
     return model
 
 
 def _check_torch(cls: type, after, seed: int, made: List[torch.Generator], eager: torch.nn.Module,
                  built_state: torch.Tensor, eager_state: torch.Tensor, built_gens: List[torch.Tensor],
-                 eager_gens: List[torch.Tensor]) -> None:
+                 eager_gens: List[torch.Tensor], fakes: Tuple[str, ...] = ()) -> None:
     # Both generator policies (Note [The generator after deferred_init]): exact_generator=True
     # leaves the generator where eager does as deferred_init returns; by default a recording with
     # rejection samplers owes it until the first torch-mode materialization pays it. A rejection
@@ -273,7 +282,7 @@ def _check_torch(cls: type, after, seed: int, made: List[torch.Generator], eager
         raise Mismatch("materialize_module moved the default generator")
     _same_generators("after materialize_module", eager_gens, made)
     compare_modules(eager, exact)
-    deferred = _record(cls, after, seed, made, built=built_gens)
+    deferred = _record(cls, after, seed, made, built=built_gens, fakes=fakes)
     _same_generators("after after(m)", eager_gens, made)
     owed = not torch.equal(torch.get_rng_state(), eager_state)
     torchdefer.materialize_module(deferred)
@@ -406,7 +415,7 @@ def run_program(program: Program, checks: Tuple[str, ...] = CHECKS) -> Outcome:
             try:
                 if check == "torch":
                     _check_torch(cls, after, program.seed, made, eager, built_state, eager_state, built_gens,
-                                 eager_gens)
+                                 eager_gens, program.fakes)
                 elif check == "child_first":
                     _check_child_first(cls, after, program.seed, made, eager, rng)
                 else:

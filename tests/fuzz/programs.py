@@ -80,6 +80,9 @@ class Context:
     bounds: List[Tuple[str, float, float]] = field(default_factory=list)
     # Whether after(m) empties and writes the whole model again (to_empty on the root).
     after_rewrites_all: bool = False
+    # Names of tensors that must be fake when deferred_init returns: made by a to_empty inside
+    # the constructor, then written by recorded ops only.
+    fakes: List[str] = field(default_factory=list)
 
     def bound(self, name: str, a: float, b: float, in_after: bool) -> None:
         """`name` was last written by a trunc_normal_ within [a, b], in after(m) or in the
@@ -951,6 +954,14 @@ def _meta_tree(ctx: Context, i: int, when: str) -> List[str]:
     glines, g = _generator(ctx, i, owner, needed=owner == "m")
     body = [f'{owner}.{target.path}.to_empty(device="cpu")'] + glines + _init_subtree(ctx, target, owner, g, meta)
     if when == "during":
+        # The tensors built on the meta device that to_empty moved. (Not every tensor it moved: a
+        # real tensor stays real, such as BatchNorm's num_batches_tracked, a torch.tensor literal,
+        # built off the meta device.)
+        moved_meta = {id(n) for n in meta.walk()}
+        for node in target.walk():
+            if node.kind == "leaf" and id(node) in moved_meta:
+                ctx.fakes += [f"{node.name}.{name}" for name, _ in node.params]
+                ctx.fakes += [f"{node.name}.{name}" for name in node.buffers]
         return lines + body
     ctx.after.extend(body)
     return lines
@@ -1202,6 +1213,8 @@ class Program:
     source: str
     # Context.bounds: (name, a, b) of tensors a trunc_normal_ wrote last (the counter check).
     bounds: Tuple[Tuple[str, float, float], ...] = ()
+    # Context.fakes: tensors that must be fake when deferred_init returns (the torch check).
+    fakes: Tuple[str, ...] = ()
 
     def namespace(self) -> Dict[str, object]:
         """Executes the source and returns its globals: M, after, GENERATORS."""
@@ -1235,4 +1248,7 @@ def generate(seed: int, families: Sequence[str]) -> Program:
     if ctx.bounds:
         lines += ["", "", "# counter mode keeps these within [a, b] (trunc_normal_ wrote them last):"]
         lines += [f"# {name}: [{a}, {b}]" for name, a, b in ctx.bounds]
-    return Program(seed, chosen, "\n".join(lines) + "\n", tuple(ctx.bounds))
+    if ctx.fakes:
+        lines += ["", "", "# fake when deferred_init returns (to_empty inside the constructor made them):"]
+        lines += [f"# {name}" for name in ctx.fakes]
+    return Program(seed, chosen, "\n".join(lines) + "\n", tuple(ctx.bounds), tuple(ctx.fakes))
