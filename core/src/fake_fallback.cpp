@@ -57,6 +57,7 @@ namespace {
 //
 // Ops whose tensor arguments are all real (possible only under a FakeMode) run for real: FakeMode
 // makes *factories* return fakes, it does not fake the arithmetic on tensors the user already has.
+// A factory given meta tensors as templates is a factory (Note [Factories of meta templates]).
 
 struct TensorUse {
   at::Tensor tensor;
@@ -117,7 +118,7 @@ class FakeCall {
   }
 
   void run(c10::DispatchKeySet keys) {
-    if (!has_fake_ && !tensors_.empty()) {
+    if (!has_fake_ && !tensors_.empty() && !makes_tensor_from_meta_template(op_, arguments())) {
       run_real(keys);
       return;
     }
@@ -244,6 +245,10 @@ class FakeCall {
   }
 
   c10::IValue& argument(size_t i) { return stack_[first_argument_ + i]; }
+
+  c10::ArrayRef<c10::IValue> arguments() const {
+    return c10::ArrayRef<c10::IValue>(stack_).slice(first_argument_, schema_.arguments().size());
+  }
 
   void collect_tensors() {
     const auto& arguments = schema_.arguments();

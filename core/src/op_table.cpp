@@ -1,5 +1,6 @@
 #include <torchdefer/op_table.h>
 
+#include <torchdefer/boxed_arguments.h>
 #include <torchdefer/fake_tensor.h>
 
 #include <ATen/core/enum_tag.h>
@@ -34,6 +35,25 @@ constexpr OpInfo region(std::string_view name, RegionRule rule) {
 
 constexpr OpInfo exact(std::string_view name) { return region(name, RegionRule::kExactPointwise); }
 constexpr OpInfo factory(std::string_view name) { return region(name, RegionRule::kFactory); }
+
+// Note [Factories of meta templates]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Trainers build a model on the meta device, then `model.to_empty(device=...)` and their own
+// init_weights() (torchtitan, and recommendation libraries). to_empty is
+// `torch.empty_like(meta_param, device=...)` for every tensor: a call whose only tensor is a meta
+// tensor, which the Fake layer and the recorder would run for real, as they run every op on real
+// tensors only (Note [Ops on real tensors run for real]): the model would be real, built and
+// initialized at eager's cost, under deferred_init. But the ops listed with this mark read nothing
+// of a tensor argument but its metadata, and a meta tensor has nothing else: given meta tensors and
+// a device that is not meta, such a call is a factory of a new tensor on that device, and a
+// FakeMode makes it a fake, recorded as any factory. Without a device, or to the meta device, it
+// makes a meta tensor, as in eager (a meta module never moved stays meta). Replay calls it with a
+// meta tensor of the template's geometry (the recorder keeps its own: a meta tensor has no values
+// to capture), which no device override moves.
+constexpr OpInfo reads_metadata_only(OpInfo info) {
+  info.reads_metadata_only = true;
+  return info;
+}
 
 constexpr OpInfo reads_values(std::string_view name, const char* api,
                               ValueRule rule = ValueRule::kAlways) {
@@ -81,17 +101,22 @@ constexpr OpInfo meta(std::string_view name, MetaRule rule) {
 // recording that trusted the schema would drop the update (BatchNorm's forward in train mode
 // during construction, what PyTorch Geometric's and MONAI's lazy modules and instance norm with
 // tracked statistics do), and the materialized buffers would silently keep their initial values.
-// The recorder treats the arguments listed here as written, as if the schema said so; when not
-// training the kernel leaves them as they are, and replaying it changes nothing.
-constexpr OpInfo with_unmarked_writes(OpInfo info, uint32_t arguments) {
+// The recorder treats the arguments listed here as written, as if the schema said so, in the
+// calls that write them: when not training (`training`, instance_norm's `use_input_stats`) the
+// kernel reads them only, and a call that writes nothing must not enter their history. A model
+// that runs an eval-mode forward while it is built (detectors finding their strides) would
+// otherwise replay that forward at every materialization, for each buffer and each shard.
+constexpr OpInfo with_unmarked_writes(OpInfo info, uint32_t arguments, std::string_view when) {
   info.unmarked_writes = arguments;
+  info.unmarked_writes_when = when;
   return info;
 }
 
-constexpr OpInfo with_unmarked_writes(std::string_view name, uint32_t arguments) {
+constexpr OpInfo with_unmarked_writes(std::string_view name, uint32_t arguments,
+                                      std::string_view when) {
   OpInfo info;
   info.name = name;
-  return with_unmarked_writes(info, arguments);
+  return with_unmarked_writes(info, arguments, when);
 }
 
 // Note [Composite ops that read values inside]
@@ -138,14 +163,14 @@ constexpr OpInfo kOps[] = {
     // Random ops. Counter parameters name the op's arguments; the rest of Note [Counter RNG].
     overwrites_self(random("aten::uniform_", D::kUniform, S::kUniform, {"from", 0}, {"to", 1})),
     random("aten::rand", D::kUniform, S::kUniform, {"", 0}, {"", 1}),
-    random("aten::rand_like", D::kUniform, S::kUniform, {"", 0}, {"", 1}),
+    reads_metadata_only(random("aten::rand_like", D::kUniform, S::kUniform, {"", 0}, {"", 1})),
     overwrites_self(random("aten::normal_", D::kNormal, S::kNormal, {"mean", 0}, {"std", 1})),
     random("aten::normal", D::kNormal),
     random("aten::randn", D::kNormal, S::kNormal, {"", 0}, {"", 1}),
-    random("aten::randn_like", D::kNormal, S::kNormal, {"", 0}, {"", 1}),
+    reads_metadata_only(random("aten::randn_like", D::kNormal, S::kNormal, {"", 0}, {"", 1})),
     overwrites_self(random("aten::random_", D::kRandom, S::kRandom)),
     random("aten::randint", D::kRandom, S::kRandint),
-    random("aten::randint_like", D::kRandom, S::kRandint),
+    reads_metadata_only(random("aten::randint_like", D::kRandom, S::kRandint)),
     overwrites_self(
         random("aten::cauchy_", D::kTwoPerElement, S::kCauchy, {"median", 0}, {"sigma", 1})),
     overwrites_self(random("aten::geometric_", D::kTwoPerElement, S::kGeometric, {"p", 0.5})),
@@ -175,14 +200,14 @@ constexpr OpInfo kOps[] = {
     factory("aten::full"),
     factory("aten::empty"),
     factory("aten::empty_strided"),
-    factory("aten::zeros_like"),
-    factory("aten::ones_like"),
-    factory("aten::full_like"),
-    factory("aten::empty_like"),
-    factory("aten::new_zeros"),
-    factory("aten::new_ones"),
-    factory("aten::new_full"),
-    factory("aten::new_empty"),
+    reads_metadata_only(factory("aten::zeros_like")),
+    reads_metadata_only(factory("aten::ones_like")),
+    reads_metadata_only(factory("aten::full_like")),
+    reads_metadata_only(factory("aten::empty_like")),
+    reads_metadata_only(factory("aten::new_zeros")),
+    reads_metadata_only(factory("aten::new_ones")),
+    reads_metadata_only(factory("aten::new_full")),
+    reads_metadata_only(factory("aten::new_empty")),
     // In-place writes of every element that read none (Note [Dead writes]); the random ones are
     // marked where they are listed above.
     overwrites_self("aten::fill_"),
@@ -291,12 +316,13 @@ constexpr OpInfo kOps[] = {
     meta("aten::log_sigmoid_forward", rules::with_empty_buffer),
     meta("aten::where.self", rules::where_self),
     meta("aten::index_select", rules::index_select),
-    with_unmarked_writes(meta("aten::native_batch_norm", rules::batch_norm), kRunningStats),
-    with_unmarked_writes("aten::batch_norm", kRunningStats),
-    with_unmarked_writes("aten::_batch_norm_impl_index", kRunningStats),
-    with_unmarked_writes("aten::instance_norm", kRunningStats),
-    with_unmarked_writes("aten::cudnn_batch_norm", kRunningStats),
-    with_unmarked_writes("aten::miopen_batch_norm", kRunningStats),
+    with_unmarked_writes(meta("aten::native_batch_norm", rules::batch_norm), kRunningStats,
+                         "training"),
+    with_unmarked_writes("aten::batch_norm", kRunningStats, "training"),
+    with_unmarked_writes("aten::_batch_norm_impl_index", kRunningStats, "training"),
+    with_unmarked_writes("aten::instance_norm", kRunningStats, "use_input_stats"),
+    with_unmarked_writes("aten::cudnn_batch_norm", kRunningStats, "training"),
+    with_unmarked_writes("aten::miopen_batch_norm", kRunningStats, "training"),
     meta("aten::_native_batch_norm_legit", rules::batch_norm),
     meta("aten::_native_batch_norm_legit.no_stats", rules::batch_norm_no_stats),
     meta("aten::_batch_norm_with_update", rules::batch_norm_with_update),
@@ -412,6 +438,35 @@ bool writes_argument(const c10::FunctionSchema& schema, size_t index) {
   }
   const OpInfo* info = find_op_info(schema.operator_name());
   return info != nullptr && index < 32 && (info->unmarked_writes >> index & 1u) != 0;
+}
+
+bool makes_tensor_from_meta_template(const c10::OperatorHandle& op,
+                                     c10::ArrayRef<c10::IValue> arguments) {
+  // Cheapest first: a call on real tensors asks this, and nearly none holds a meta tensor.
+  bool template_given = false;
+  for (const c10::IValue& argument : arguments) {
+    if (argument.isTensor()) {
+      const at::Tensor& t = argument.toTensor();
+      if (t.defined() && !t.is_meta()) {
+        return false;
+      }
+      template_given = template_given || t.defined();
+    }
+  }
+  if (!template_given) {
+    return false;
+  }
+  const c10::FunctionSchema& schema = op.schema();
+  const OpInfo* info = find_op_info(schema.operator_name());
+  if (info == nullptr || !info->reads_metadata_only) {
+    return false;
+  }
+  for (size_t i = 0; i < schema.arguments().size() && i < arguments.size(); ++i) {
+    if (is_device_argument(schema.arguments()[i]) && arguments[i].isDevice()) {
+      return !arguments[i].toDevice().is_meta();
+    }
+  }
+  return false;
 }
 
 bool is_random(const c10::OperatorHandle& op) {

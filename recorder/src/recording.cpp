@@ -18,6 +18,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -152,6 +153,10 @@ struct OperatorFacts : detail::KnownOperator {
   // generator recording cannot follow]).
   std::vector<int32_t> generator_arguments;
   bool generators_followed = true;
+  // The bool argument without which the op table's unmarked writes are not made, and those
+  // writes (Note [Writes the schema does not show], core/src/op_table.cpp).
+  int32_t unmarked_writes_when = -1;
+  uint32_t unmarked_writes = 0;
 };
 
 // Whether `schema` has the shape CommonCall records (OperatorFacts::common).
@@ -188,6 +193,13 @@ OperatorFacts facts_of_schema(const c10::OperatorHandle& op) {
   }
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     facts.written.push_back(writes_argument(schema, i) ? 1 : 0);
+  }
+  if (info != nullptr && !info->unmarked_writes_when.empty()) {
+    const std::optional<int> when = schema.argumentIndexWithName(info->unmarked_writes_when);
+    TORCH_INTERNAL_ASSERT(when.has_value(), "torchdefer: ", schema.name(), " has no argument ",
+                          info->unmarked_writes_when);
+    facts.unmarked_writes_when = *when;
+    facts.unmarked_writes = info->unmarked_writes;
   }
   facts.returns_tensor = schema.returns().size() == 1 &&
                          schema.returns()[0].type()->kind() == c10::TypeKind::TensorType;
@@ -560,7 +572,7 @@ class Recorder {
       redispatch(keys);
       return;
     }
-    if (!has_fake_ && has_real_) {
+    if (!has_fake_ && has_real_ && !makes_tensor_from_meta_template(op_, arguments())) {
       run_real(keys);
       return;
     }
@@ -657,12 +669,24 @@ class Recorder {
     return c10::ArrayRef<c10::IValue>(stack_).slice(first_argument_, schema_.arguments().size());
   }
 
+  // The op table's unmarked writes that this call does not make (batch_norm when not training).
+  uint32_t writes_not_made() const {
+    if (facts_.unmarked_writes_when < 0) {
+      return 0;
+    }
+    const c10::IValue& when = stack_[first_argument_ + facts_.unmarked_writes_when];
+    return when.isBool() && !when.toBool() ? facts_.unmarked_writes : 0;
+  }
+
   // One walk over the call's tensors, which every later step reads instead of the stack (Note
   // [Recording an op]).
   void scan_arguments() {
     graph_ = tls_graph.get();
+    const uint32_t not_written = writes_not_made();
     for (size_t i = first_argument_; i < stack_.size(); ++i) {
-      const bool written = facts_.written[i - first_argument_];
+      const size_t position = i - first_argument_;
+      const bool written =
+          facts_.written[position] && (position >= 32 || (not_written >> position & 1u) == 0);
       for_each_tensor(stack_[i], [&](const at::Tensor& t) {
         SeenTensor& seen = seen_.emplace_back(SeenTensor{&t, fake_impl(t), nullptr});
         if (!t.defined()) {
@@ -809,6 +833,14 @@ class Recorder {
         input.kind = RecordedInput::Kind::kForeignFake;
         input.tensor = t;
       }
+      return input;
+    }
+    if (t.is_meta()) {
+      // Note [Factories of meta templates]: only its geometry is read, and it has nothing else to
+      // capture; a tensor of its own keeps the call from seeing later changes to the template.
+      RealOnlyGuard real_only;
+      input.kind = RecordedInput::Kind::kConstant;
+      input.tensor = at::empty_strided(t.sizes(), t.strides(), t.options());
       return input;
     }
     if (is_borrowed_memory(t)) {

@@ -244,8 +244,10 @@ at::Tensor GraphReplay::input_tensor(const RecordedInput& input, c10::Device nod
     case RecordedInput::Kind::kConstant:
     case RecordedInput::Kind::kForeignFake: {
       const at::Tensor& t = foreign_value(input.tensor);
-      const bool moves =
-          config_.device && t.device() != node_device && !(t.dim() == 0 && t.device().is_cpu());
+      // A meta template has only its geometry, read where it is (Note [Factories of meta
+      // templates]).
+      const bool moves = config_.device && t.device() != node_device && !t.is_meta() &&
+                         !(t.dim() == 0 && t.device().is_cpu());
       return moves ? t.to(node_device) : t;
     }
   }

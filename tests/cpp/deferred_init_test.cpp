@@ -194,6 +194,42 @@ TEST(DeferredInit, RecordsTheCallBeforeCompositeDecomposition) {
   EXPECT_THAT(explain(y), Not(HasSubstr("addmm")));
 }
 
+// Note [Factories of meta templates]
+TEST(DeferredInit, RecordsAFactoryOfAMetaTemplateOnARealDeviceAsAFake) {
+  at::Tensor made = deferred_init([] {
+    const at::Tensor meta = torch::empty({3, 2}, torch::kMeta);
+    return torch::ones_like(meta, at::TensorOptions().device(c10::kCPU));
+  });
+  ASSERT_TRUE(is_fake(made));
+  EXPECT_EQ(made.device(), c10::Device(c10::kCPU));
+  materialize_tensor(made);
+  EXPECT_TRUE(torch::equal(made, torch::ones({3, 2})));
+}
+
+TEST(DeferredInit, KeepsAFactoryOfAMetaTemplateWithoutADeviceMeta) {
+  at::Tensor made =
+      deferred_init([] { return torch::zeros_like(torch::empty({3}, torch::kMeta)); });
+  EXPECT_FALSE(is_fake(made));
+  EXPECT_TRUE(made.is_meta());
+}
+
+// Note [Writes the schema does not show]
+TEST(DeferredInit, LeavesAnEvalModeBatchNormOutOfTheRunningStatisticsHistory) {
+  torch::nn::BatchNorm1d norm = deferred_init([] {
+    torch::nn::BatchNorm1d norm(4);
+    norm->eval();
+    norm->forward(torch::ones({2, 4}));
+    return norm;
+  });
+  EXPECT_THAT(explain(norm->running_mean), Not(HasSubstr("batch_norm")));
+  torch::nn::BatchNorm1d trained = deferred_init([] {
+    torch::nn::BatchNorm1d norm(4);
+    norm->forward(torch::ones({2, 4}));
+    return norm;
+  });
+  EXPECT_THAT(explain(trained->running_mean), HasSubstr("batch_norm"));
+}
+
 // Note [Reading values while recording]
 TEST(DeferredInit, DataDependentOpsReadTheValuesEagerComputed) {
   struct Reader : torch::nn::Module {

@@ -97,8 +97,10 @@ struct OpInfo {
   // self's values: a write that replay may skip when the next one covers it (Note [Dead writes]).
   bool overwrites_self = false;
   // Arguments (bit i: the i-th of the schema) the kernel writes although the schema marks no
-  // write: Note [Writes the schema does not show].
+  // write: Note [Writes the schema does not show]. When `unmarked_writes_when` names a bool
+  // argument, only in calls where it is true (batch_norm's `training`).
   uint32_t unmarked_writes = 0;
+  std::string_view unmarked_writes_when;
   // A composite op recorded as the ops its kernel calls, not as one call: Note [Composite ops that
   // read values inside].
   bool records_its_parts = false;
@@ -108,6 +110,9 @@ struct OpInfo {
   // (masked_fill clones self contiguous), not TensorIterator's (Note [Pointwise results take
   // TensorIterator's layout]).
   bool contiguous_result = false;
+  // Reads only its tensor arguments' metadata (the `_like` and `new_*` factories): Note [Factories
+  // of meta templates].
+  bool reads_metadata_only = false;
 };
 
 // Whether `op`'s kernel may write its argument `index`: the schema marks it written, or the op
@@ -123,6 +128,13 @@ const OpInfo* find_op_info(std::string_view name);
 
 // Every entry, for registering meta rules and for tests that check each entry against ATen.
 c10::ArrayRef<OpInfo> op_table();
+
+// True if a call of `op` with `arguments` (its boxed arguments, in schema order) makes a new tensor
+// on a real device from the metadata of meta tensors alone (`torch.empty_like(meta, device="cpu")`,
+// what Module.to_empty does): a factory, whose result is a fake under a FakeMode (Note [Factories
+// of meta templates]).
+bool makes_tensor_from_meta_template(const c10::OperatorHandle& op,
+                                     c10::ArrayRef<c10::IValue> arguments);
 
 // True if `op` draws random numbers: ATen tags those nondeterministic_seeded.
 bool is_random(const c10::OperatorHandle& op);
