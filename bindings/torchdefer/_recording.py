@@ -33,11 +33,11 @@ torch does (``torch.overrides.handle_torch_function``). The stand-ins:
   ``untyped_storage()``;
 * ``torch.nn.init._no_grad_trunc_normal_``, the sampler that ``trunc_normal_`` looks up as a
   module global at each call, so that every reference to ``trunc_normal_`` reaches it (Hugging
-  Face keeps its own): for a fake without a ``generator`` it runs ``torchdefer::trunc_normal_``
-  on the tensor instead, one recorded operator (Note [trunc_normal_ as one operator] in
+  Face keeps its own): for a fake it runs ``torchdefer::trunc_normal_`` on the tensor instead,
+  with the same ``generator``, one recorded operator (Note [trunc_normal_ as one operator] in
   recorder/src/trunc_normal.cpp) with the same bits (the operator's kernel is the same sequence
-  of ATen calls) and torch's warning. With an explicit ``generator``, and for a real or meta
-  tensor, the sampler runs as torch wrote it;
+  of ATen calls) and torch's warning. For a real or meta tensor the sampler runs as torch wrote
+  it;
 * ``torch._utils._rebuild_tensor``, which ``pickle.loads`` and ``torch.load`` (also with
   ``weights_only``; ``_rebuild_tensor_v2`` and ``_rebuild_parameter`` reach it as a module global)
   call to put a loaded storage into a tensor: torch's makes that tensor with ``torch.empty``, a
@@ -244,7 +244,7 @@ def _refuse_fake_into_real(self: torch.Tensor, value: Any) -> None:
 
 
 def _run_trunc_normal(tensor: torch.Tensor, mean: float, std: float, a: float, b: float,
-                      stacklevel: int) -> None:
+                      generator: Optional[torch.Generator], stacklevel: int) -> None:
     """Runs a trunc_normal_ call as one torchdefer::trunc_normal_ (Note [What recording changes,
     and where]); ``stacklevel`` points the warning at the caller of ``trunc_normal_``."""
     if mean < a - 2 * std or mean > b + 2 * std:
@@ -254,7 +254,7 @@ def _run_trunc_normal(tensor: torch.Tensor, mean: float, std: float, a: float, b
             stacklevel=stacklevel + 1,
         )
     with torch.no_grad():
-        torch.ops.torchdefer.trunc_normal_(tensor, mean, std, a, b)
+        torch.ops.torchdefer.trunc_normal_(tensor, mean, std, a, b, generator=generator)
 
 
 def runs_trunc_normal(caller: types.FrameType) -> bool:
@@ -265,12 +265,11 @@ def runs_trunc_normal(caller: types.FrameType) -> bool:
     if caller.f_code is not _SAMPLER_CODE:
         return False
     arguments = caller.f_locals
-    if arguments.get("generator") is not None:
-        return False
     tensor, mean, std = arguments["tensor"], arguments["mean"], arguments["std"]
     # The warning names the caller of trunc_normal_: past this frame, the class's
     # __torch_function__, the sampler and trunc_normal_.
-    _run_trunc_normal(tensor, mean, std, arguments["a"], arguments["b"], stacklevel=5)
+    _run_trunc_normal(tensor, mean, std, arguments["a"], arguments["b"], arguments["generator"],
+                      stacklevel=5)
     return True
 
 
@@ -374,9 +373,9 @@ def _stand_ins() -> List[Tuple[Any, str, Any]]:
 
     @functools.wraps(_SAMPLER)
     def sampler(tensor, mean, std, a, b, generator=None):
-        if _this_thread.open and generator is None and _C.is_fake(tensor):
+        if _this_thread.open and _C.is_fake(tensor):
             # The warning names the caller of trunc_normal_, past this frame and trunc_normal_.
-            _run_trunc_normal(tensor, mean, std, a, b, stacklevel=3)
+            _run_trunc_normal(tensor, mean, std, a, b, generator, stacklevel=3)
             return tensor
         return _SAMPLER(tensor, mean, std, a, b, generator=generator)
 

@@ -2,10 +2,13 @@
 // adds to the dispatcher (registrations.cpp).
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/DispatchKeySet.h>
+
+#include <optional>
 
 namespace torchdefer::detail {
 
@@ -16,7 +19,8 @@ void deferred_init_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet k
 
 // torchdefer::trunc_normal_: torch.nn.init.trunc_normal_ as one random operator (Note
 // [trunc_normal_ as one operator]).
-at::Tensor& trunc_normal_kernel(at::Tensor& self, double mean, double std, double a, double b);
+at::Tensor& trunc_normal_kernel(at::Tensor& self, double mean, double std, double a, double b,
+                                std::optional<at::Generator> generator);
 
 // The fallback for kFakeKey: records the calls of ops that fall through kDeferredInitKey, then
 // runs the Fake layer (Note [Where an op is recorded]).

@@ -131,8 +131,10 @@ const Registrations registrations;
 }  // namespace
 
 TORCH_LIBRARY(torchdefer, m) {
-  m.def("trunc_normal_(Tensor(a!) self, float mean, float std, float a, float b) -> Tensor(a!)",
-        {at::Tag::nondeterministic_seeded});
+  m.def(
+      "trunc_normal_(Tensor(a!) self, float mean, float std, float a, float b, *, "
+      "Generator? generator=None) -> Tensor(a!)",
+      {at::Tag::nondeterministic_seeded});
 }
 
 TORCH_LIBRARY_IMPL(torchdefer, CompositeExplicitAutograd, m) {

@@ -112,6 +112,24 @@ at::Tensor RngAnchor::state() {
   return state_;
 }
 
+uint64_t RngAnchor::digest() {
+  const at::Tensor now = state();
+  const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
+  if (!digest_) {
+    digest_ = digest_generator_state(now);
+  }
+  return *digest_;
+}
+
+uint64_t digest_generator_state(const at::Tensor& state) {
+  const auto* bytes = state.data_ptr<uint8_t>();
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (int64_t i = 0; i < state.numel(); ++i) {
+    hash = (hash ^ bytes[i]) * 0x100000001b3ull;
+  }
+  return hash;
+}
+
 bool RngAnchor::resolved() const {
   const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
   return state_.defined() || later_.valid();  // a state known later needs nothing computed

@@ -588,7 +588,10 @@ RecordedDraws place_on_own_generator(const std::shared_ptr<OpGraph>& graph,
     return draws;
   }
   draws.kind = RecordedDraws::Kind::kAnchorOnly;
-  const bool with_values = plan.kind != DrawPlan::Kind::kRunOnScratch;
+  // A sampler that overwrites the tensor it fills (trunc_normal_) needs only its geometry.
+  const bool with_values =
+      plan.kind == DrawPlan::Kind::kRunOnScratchWithValues ||
+      (plan.kind == DrawPlan::Kind::kValueDependent && unresolvable_sampler(node).has_value());
   try {
     run_on_scratch(node, tensors, with_values);
   } catch (c10::Error& e) {
@@ -692,29 +695,19 @@ RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const Rec
   return placed(chain, plan.draws);
 }
 
-namespace {
-
-uint64_t digest(const at::Tensor& state) {
-  const auto* bytes = state.data_ptr<uint8_t>();
-  uint64_t hash = 0xcbf29ce484222325ull;
-  for (int64_t i = 0; i < state.numel(); ++i) {
-    hash = (hash ^ bytes[i]) * 0x100000001b3ull;
-  }
-  return hash;
-}
-
-}  // namespace
-
 std::shared_future<uint64_t> default_generator_digest() {
   if (std::shared_ptr<const JumpEnd> jump = held_jump()) {
-    return std::async(std::launch::deferred, [jump] { return digest(jump->state()); }).share();
+    return std::async(std::launch::deferred,
+                      [jump] { return digest_generator_state(jump->state()); })
+        .share();
   }
   // The state now, digested when a counter-mode replay first asks: a torch-mode recording never
   // does, and the digest (a multiply per byte of 5 KB, ~71,000 instructions) cost as much as the
   // rest of what deferred_init adds around a Llama-70B's constructor (callgrind).
   at::Tensor state = with_default_generator(
       [](const at::Generator& generator, at::CPUGeneratorImpl*) { return generator.get_state(); });
-  return std::async(std::launch::deferred, [state = std::move(state)] { return digest(state); })
+  return std::async(std::launch::deferred,
+                    [state = std::move(state)] { return digest_generator_state(state); })
       .share();
 }
 

@@ -24,12 +24,14 @@ namespace {
 //
 // The kernel below is the sampler's algorithm as a sequence of ATen calls, in the same order and
 // with the same scalar arguments as torch's Python code, so that on every device it takes the same
-// draws and gives the same bits as torch.nn.init.trunc_normal_ with the default generator: the
+// draws and gives the same bits as torch.nn.init.trunc_normal_ with the same generator: the
 // normal_-and-redraw loop when the interval holds more than 30% of the mass, otherwise uniform
 // candidates accepted against the log density. Under deferred_init the recorder runs it once at
 // record time on a scratch tensor (moving the generator as eager construction does) and replays
 // it in torch mode; counter mode samples the same distribution its own way (Note [Counter-mode
-// truncated normal]). On meta tensors (the Fake layer's shadows) it only returns `self`.
+// truncated normal]). Given a generator (trainers pass theirs to every init), it draws from that
+// one, as torch's does, and the recorder follows it (Note [Explicit generators]). On meta tensors
+// (the Fake layer's shadows) it only returns `self`.
 
 double normal_cdf(double x) { return (1.0 + std::erf(x / std::sqrt(2.0))) / 2.0; }
 
@@ -39,16 +41,17 @@ at::Scalar representable(double value, const at::Tensor& like) {
   return at::scalar_tensor(value, at::TensorOptions().dtype(like.scalar_type())).item();
 }
 
-void redraw_normal_outside(at::Tensor& self, double mean, double std, double a, double b) {
+void redraw_normal_outside(at::Tensor& self, double mean, double std, double a, double b,
+                           const std::optional<at::Generator>& generator) {
   const at::Scalar low = representable(a, self);
   const at::Scalar high = representable(b, self);
-  at::Tensor result = self.normal_(mean, std);
+  at::Tensor result = self.normal_(mean, std, generator);
   while (true) {
     const at::Tensor outside = result.lt(low).bitwise_or(result.gt(high));
     if (!outside.any().item<bool>()) {
       break;
     }
-    result = at::where(outside, at::empty_like(result).normal_(mean, std), result);
+    result = at::where(outside, at::empty_like(result).normal_(mean, std, generator), result);
   }
   if (!result.is_same(self)) {
     self.copy_(result);
@@ -60,24 +63,25 @@ void log_density_ratio_(at::Tensor& candidates, double mean, double std, double 
   candidates.sub_(mean).div_(std).pow_(2).mul_(-0.5).sub_(log_peak);
 }
 
-void accept_uniform_candidates(at::Tensor& self, double mean, double std, double a, double b) {
+void accept_uniform_candidates(at::Tensor& self, double mean, double std, double a, double b,
+                               const std::optional<at::Generator>& generator) {
   const double mode = std::max(a, std::min(mean, b));
   const double log_peak = -0.5 * std::pow((mode - mean) / std, 2.0);
   at::Tensor candidates = at::empty_like(self);
   at::Tensor accept = at::empty_like(self);
-  self.uniform_(a, b);
+  self.uniform_(a, b, generator);
   candidates.copy_(self);
   log_density_ratio_(candidates, mean, std, log_peak);
-  at::Tensor pending = accept.uniform_().log_().gt(candidates);
+  at::Tensor pending = accept.uniform_(0, 1, generator).log_().gt(candidates);
   if (!pending.any().item<bool>()) {
     return;
   }
   at::Tensor result = self;
   while (true) {
-    candidates.uniform_(a, b);
+    candidates.uniform_(a, b, generator);
     result = at::where(pending, candidates, result);
     log_density_ratio_(candidates, mean, std, log_peak);
-    pending = at::where(pending, accept.uniform_().log_().gt(candidates), pending);
+    pending = at::where(pending, accept.uniform_(0, 1, generator).log_().gt(candidates), pending);
     if (!pending.any().item<bool>()) {
       break;
     }
@@ -87,16 +91,17 @@ void accept_uniform_candidates(at::Tensor& self, double mean, double std, double
 
 }  // namespace
 
-at::Tensor& trunc_normal_kernel(at::Tensor& self, double mean, double std, double a, double b) {
+at::Tensor& trunc_normal_kernel(at::Tensor& self, double mean, double std, double a, double b,
+                                std::optional<at::Generator> generator) {
   if (self.is_meta()) {
     return self;
   }
   at::NoGradGuard no_grad;
   const double mass = normal_cdf((b - mean) / std) - normal_cdf((a - mean) / std);
   if (mass > 0.3) {
-    redraw_normal_outside(self, mean, std, a, b);
+    redraw_normal_outside(self, mean, std, a, b, generator);
   } else {
-    accept_uniform_candidates(self, mean, std, a, b);
+    accept_uniform_candidates(self, mean, std, a, b, generator);
   }
   return self;
 }

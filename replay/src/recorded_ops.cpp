@@ -1,6 +1,7 @@
 #include "recorded_ops.h"
 
 #include <torchdefer/op_table.h>
+#include <torchdefer/rng_anchors.h>
 
 #include <cmath>
 #include <string>
@@ -117,18 +118,36 @@ bool has_counter_definition(const RecordedNode& node) {
   return truncated_normal_params(node) || counter_params(node);
 }
 
-bool counter_fill_node(const RecordedNode& node, const at::Tensor& out, uint64_t seed,
+CounterKey counter_key(const OpGraph& graph, const RecordedNode& node, uint64_t recording_seed) {
+  const RecordedDraws& draws = *node.draws;
+  if (draws.generator_argument < 0) {
+    return CounterKey{recording_seed, draws.stream};
+  }
+  return CounterKey{graph.rng_anchor(draws.anchor)->digest(), kExplicitGeneratorStream};
+}
+
+uint64_t generator_seed(const CounterKey& key) {
+  // splitmix64's finalizer, applied to the stream and then to the seed mixed with it.
+  const auto mix = [](uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  };
+  return mix(key.seed ^ mix(key.stream));
+}
+
+bool counter_fill_node(const RecordedNode& node, const at::Tensor& out, const CounterKey& key,
                        const CounterRegion& region) {
   if (out.numel() == 0 && has_counter_definition(node)) {
     return true;  // nothing to fill, whatever the dtype (as eager's kernels return early)
   }
-  const uint64_t stream = node.draws->stream;
   if (const auto truncated = truncated_normal_params(node)) {
-    counter_fill_truncated_normal(out, *truncated, seed, stream, region);
+    counter_fill_truncated_normal(out, *truncated, key.seed, key.stream, region);
     return true;
   }
   if (const auto params = counter_params(node)) {
-    counter_fill(out, *params, seed, stream, region);
+    counter_fill(out, *params, key.seed, key.stream, region);
     return true;
   }
   return false;

@@ -35,10 +35,38 @@ std::optional<double> double_argument(const RecordedNode& node, std::string_view
 // [Counter RNG]) or torchdefer's truncated normal.
 bool has_counter_definition(const RecordedNode& node);
 
-// Fills `out` with the counter-mode values of random op `node` (seed `seed`, the op's stream) at
-// the positions `region` places `out` in the op's output; false, touching nothing, if `node` has
-// no counter-mode definition.
-bool counter_fill_node(const RecordedNode& node, const at::Tensor& out, uint64_t seed,
+// Note [Counter keys of explicit generators]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A random op on the default generator is keyed (seed, stream) = (the recording's counter seed,
+// the op's index among the recording's random ops): a digest of the default generator's state
+// when recording began, or MaterializeOptions' counter_seed. A random op given its own CPU
+// torch.Generator (trainers pass one, seeded from their init seed, to every init) follows that
+// generator instead, as it does in eager: its seed is the digest of the generator's full state
+// when the op drew (its anchor: Note [Explicit generators]), which is the generator's seed and its
+// position in its stream together, and its stream is kExplicitGeneratorStream, apart from every
+// default-generator op's index. So two models built from torch.Generator().manual_seed(1) and
+// manual_seed(2) get different counter weights, the same seed gives the same weights whatever the
+// default generator's seed or the counter_seed option, and ops drawn one after another from one
+// generator get different keys, as they get different numbers in eager. The key is a function of
+// the recording alone: every world size and layout computes the same values.
+inline constexpr uint64_t kExplicitGeneratorStream = uint64_t{1} << 63;
+
+struct CounterKey {
+  uint64_t seed = 0;
+  uint64_t stream = 0;
+};
+
+// The counter key of random op `node` of `graph`, given the recording's counter seed.
+CounterKey counter_key(const OpGraph& graph, const RecordedNode& node, uint64_t recording_seed);
+
+// A seed for a CPU generator from `key`, for random ops with no counter distribution (randperm,
+// multinomial): still a function of the recording alone, but not element-addressable.
+uint64_t generator_seed(const CounterKey& key);
+
+// Fills `out` with the counter-mode values of random op `node` under `key` at the positions
+// `region` places `out` in the op's output; false, touching nothing, if `node` has no counter-mode
+// definition.
+bool counter_fill_node(const RecordedNode& node, const at::Tensor& out, const CounterKey& key,
                        const CounterRegion& region = {});
 
 // How region replay treats `node`: its op table RegionRule, looked up by name with an in-place

@@ -414,7 +414,7 @@ std::optional<at::Tensor> RegionReplay::created(int64_t index, const RecordedVal
       return std::nullopt;
     }
     at::Tensor result = allocate(region, base);
-    counter_fill_node(node, result, seed_, {base.sizes, region.start});
+    counter_fill_node(node, result, counter_key(*graph_, node, seed_), {base.sizes, region.start});
     return result;
   }
   if (is_factory(node)) {
@@ -547,8 +547,8 @@ bool RegionReplay::apply_write(int64_t index, const RecordedValue& base, const B
   const Box& part_box = *met;
   at::Tensor part = view_part(local, region, *view, part_box);
   if (node.draws) {
-    return (config_.counter_rng &&
-            counter_fill_node(node, part, seed_, {target.sizes, part_box.start})) ||
+    return (config_.counter_rng && counter_fill_node(node, part, counter_key(*graph_, node, seed_),
+                                                     {target.sizes, part_box.start})) ||
            fail(op);
   }
   if (!region_exact_pointwise(node, target.dtype)) {

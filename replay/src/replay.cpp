@@ -292,25 +292,14 @@ void GraphReplay::place_generator(const RecordedDraws& draws) {
   }
 }
 
-namespace {
-
-uint64_t mix(uint64_t x) {
-  // splitmix64's finalizer: a seed per stream for ops without a counter distribution.
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 // Note [Explicit generators] (torch_rng.h): the op draws from a private CPU generator, never the
 // one it was recorded with: in torch mode set to its anchor and offset, in counter mode seeded
-// from the recording's seed and the op's stream.
-at::Generator GraphReplay::own_generator(const RecordedDraws& draws) const {
+// from the op's counter key (Note [Counter keys of explicit generators]).
+at::Generator GraphReplay::own_generator(const RecordedNode& node) const {
+  const RecordedDraws& draws = *node.draws;
   if (config_.counter_rng) {
-    const uint64_t seed = config_.counter_seed.value_or(graph_->counter_seed());
-    return at::make_generator<at::CPUGeneratorImpl>(mix(seed ^ mix(draws.stream)));
+    return at::make_generator<at::CPUGeneratorImpl>(
+        generator_seed(counter_key(*graph_, node, recording_seed())));
   }
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>();
   generator.set_state(graph_->rng_anchor(draws.anchor)->state());
@@ -321,26 +310,30 @@ at::Generator GraphReplay::own_generator(const RecordedDraws& draws) const {
   return generator;
 }
 
+uint64_t GraphReplay::recording_seed() const {
+  return config_.counter_seed.value_or(graph_->counter_seed());
+}
+
 // Counter RNG mode: fills the op's target with counter values instead of running it. Ops with no
 // counter distribution (randperm, multinomial, ...) run on the default generator seeded from the
 // seed and their stream: still a function of the recording alone, so every rank agrees, but not
 // element-addressable. Returns false when the op should run normally after that seeding.
 bool GraphReplay::run_counter_node(int64_t index, const RecordedNode& node, c10::Device device) {
-  const uint64_t seed = config_.counter_seed.value_or(graph_->counter_seed());
+  const CounterKey key = counter_key(*graph_, node, recording_seed());
   if (!has_counter_definition(node)) {
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     const std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_current_seed(mix(seed ^ mix(node.draws->stream)));
+    generator.set_current_seed(generator_seed(key));
     return false;
   }
   if (writes_first_argument(node.op.schema())) {
-    return counter_fill_node(node, input_tensor(node.inputs[0], device), seed);
+    return counter_fill_node(node, input_tensor(node.inputs[0], device), key);
   }
   const int64_t value = node.outputs.at(0);
   const RecordedValue& out = graph_->values()[value];
   const at::Tensor result = at::empty_strided(
       out.sizes, out.strides, at::TensorOptions().dtype(out.dtype).device(device_for(out)));
-  counter_fill_node(node, result, seed);
+  counter_fill_node(node, result, key);
   const int64_t storage = storage_of_value(value);
   if (graph_->storages()[storage].creator == index && to_replay_.count(storage)) {
     replayed_[storage] = result.storage();
@@ -599,7 +592,7 @@ int64_t GraphReplay::run_node(std::set<int64_t>::const_iterator position) {
       node, [&](size_t, const RecordedInput& input) { return input_tensor(input, device); },
       device);
   if (node.draws && node.draws->generator_argument >= 0) {
-    stack.at(static_cast<size_t>(node.draws->generator_argument)) = own_generator(*node.draws);
+    stack.at(static_cast<size_t>(node.draws->generator_argument)) = own_generator(node);
   } else if (node.draws && !config_.counter_rng) {
     place_generator(*node.draws);
   }

@@ -257,6 +257,29 @@ TEST(LazyAnchors, RecordingDoesNotRunTruncNormal) {
   EXPECT_TRUE(bitwise_equal(draws_from(current_state()), draws_from(before)));
 }
 
+// Note [Explicit generators]: a sampler given its own generator runs at record time, on scratch
+// of its target's geometry, so that the generator is where eager leaves it when deferred_init
+// returns; the default generator stays exact.
+TEST(LazyAnchors, TruncNormalGivenAGeneratorLeavesItWhereEagerDoesAtOnce) {
+  const auto build = [] {
+    at::Generator generator = at::detail::createCPUGenerator(5);
+    torch::NoGradGuard no_grad;
+    at::Tensor weight = torch::empty({30, 10});
+    trunc_normal_(weight, 0.0, 1.0, -0.3, 0.3, generator);
+    return std::make_pair(weight, generator);
+  };
+  torch::manual_seed(3);
+  const auto [eager, eager_generator] = build();
+  const at::Tensor eager_default = current_state();
+  torch::manual_seed(3);
+  const auto [deferred, generator] = deferred_init(build);
+  EXPECT_TRUE(bitwise_equal(generator.get_state(), eager_generator.get_state()));
+  EXPECT_TRUE(bitwise_equal(current_state(), eager_default));
+  materialize_tensor(deferred);
+  EXPECT_TRUE(bitwise_equal(deferred, eager));
+  EXPECT_TRUE(bitwise_equal(generator.get_state(), eager_generator.get_state()));
+}
+
 TEST(LazyAnchors, TruncNormalMaterializedInAnyOrderGivesTheEagerBits) {
   torch::manual_seed(22);
   const std::vector<at::Tensor> eager = program();

@@ -30,11 +30,13 @@ inline bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
 
 // torchdefer::trunc_normal_, PyTorch 2.13's truncated-normal rejection sampler as one operator,
 // called the way torch.nn.init.trunc_normal_ reaches it from Python: through the dispatcher.
-inline at::Tensor& trunc_normal_(at::Tensor& t, double mean, double std, double a, double b) {
+inline at::Tensor& trunc_normal_(at::Tensor& t, double mean, double std, double a, double b,
+                                 std::optional<at::Generator> generator = std::nullopt) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("torchdefer::trunc_normal_", "")
-                             .typed<at::Tensor&(at::Tensor&, double, double, double, double)>();
-  return op.call(t, mean, std, a, b);
+                             .typed<at::Tensor&(at::Tensor&, double, double, double, double,
+                                                std::optional<at::Generator>)>();
+  return op.call(t, mean, std, a, b, std::move(generator));
 }
 
 }  // namespace torchdefer::testing

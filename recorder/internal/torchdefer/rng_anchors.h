@@ -57,6 +57,10 @@ struct RngAnchor {
   // What a lazy anchor waits for, for messages ("torchdefer::trunc_normal_ on float[4, 4]").
   std::string pending_samplers() const;
 
+  // digest_generator_state() of state(), computed once: the counter-mode key of a random op given
+  // its own generator (Note [Counter keys of explicit generators]).
+  uint64_t digest();
+
  private:
   void forget_sampler() {
     sampler_.reset();
@@ -65,6 +69,7 @@ struct RngAnchor {
   }
 
   at::Tensor state_;
+  std::optional<uint64_t> digest_;
   std::shared_future<at::Tensor> later_;
   std::shared_ptr<RngAnchor> base_;
   uint64_t offset_ = 0;
@@ -77,6 +82,10 @@ struct RngAnchor {
   c10::ScalarType target_dtype_ = c10::ScalarType::Undefined;
   std::string description_;
 };
+
+// A 64-bit digest (FNV-1a) of a CPU generator's full state (get_state()): the seed, the position
+// in the stream, and nothing else.
+uint64_t digest_generator_state(const at::Tensor& state);
 
 namespace detail {
 

@@ -79,7 +79,8 @@ class GraphReplay {
   at::Tensor input_tensor(const RecordedInput& input, c10::Device node_device);
   const at::Tensor& foreign_value(const at::Tensor& t) const;
   void place_generator(const RecordedDraws& draws);
-  at::Generator own_generator(const RecordedDraws& draws) const;
+  at::Generator own_generator(const RecordedNode& node) const;
+  uint64_t recording_seed() const;
   void call_on_cpu(const RecordedNode& node, torch::jit::Stack& stack, c10::Device device);
   void offer_end_anchor(const RecordedDraws& draws);
   bool run_counter_node(int64_t index, const RecordedNode& node, c10::Device device);
