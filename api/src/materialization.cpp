@@ -211,7 +211,7 @@ void Materialization::commit() noexcept {
     group.replay->commit();
   }
   for (const LocalShard& loaded : loaded_whole_) {
-    fake_impl(loaded.fake)->shallow_copy_from(loaded.local.getIntrusivePtr());
+    fake_impl(loaded.fake)->materialize(loaded.local.getIntrusivePtr());
   }
   for (const LocalShard& loaded : loaded_real_) {
     // Note [Loading a tensor real at record time]: in place, as load_state_dict copies.
@@ -220,7 +220,7 @@ void Materialization::commit() noexcept {
     loaded.fake.detach().copy_(loaded.local);
   }
   for (const LocalShard& shard : shards_) {
-    fake_impl(shard.fake)->shallow_copy_from(shard.local.getIntrusivePtr());
+    fake_impl(shard.fake)->materialize(shard.local.getIntrusivePtr());
     set_shard_info(shard.fake, shard.info);
   }
   // Note [Real tensors of a sharded module]: the same tensor holds its slice from now on, and a

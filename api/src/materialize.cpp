@@ -3,6 +3,7 @@
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/materialize.h>
+#include <torchdefer/rng_anchors.h>
 #include <torchdefer/torch_compat.h>
 #include <torchdefer/value_reader.h>
 
@@ -28,16 +29,21 @@ namespace {
 // parameter made by `torch.tensor([0.5, 2.0])`, or from values read while recording. Sharding
 // promises every parameter as this rank's chunk, so a sharded materialization slices those too,
 // in place (set_data: the same tensor, and in Python the same Parameter, holds the chunk), and
-// reports them with the fallback "real at record time". A tensor that an earlier
-// materialization turned real (its TensorImpl is a FakeTensorImpl) or that already is a shard is
+// reports them with the fallback "real at record time"; so is a fake that construction itself
+// turned real (`p.data = torch.tensor(...)`, then writes through its views: an
+// nn.MultiheadAttention's in_proj_weight). A tensor that an earlier materialization turned real
+// (FakeTensorImpl::materialized()) or that already is a shard is
 // left alone (Note [Nested materialization]), and so is a tensor subclass (a DTensor is sharded
 // by its own placements). Fakes of the same call that read such a tensor are computed before it
 // is sliced. A recording materialized later that reads it would get the slice instead of what
 // construction read, so slicing bumps the tensor's version: that replay stops with the message
 // for a real input modified since recording instead of computing something else.
 bool real_at_record_time(const at::Tensor& t) {
-  return t.defined() && t.layout() == at::kStrided &&
-         dynamic_cast<const FakeTensorImpl*>(t.unsafeGetTensorImpl()) == nullptr &&
+  if (!t.defined() || t.layout() != at::kStrided || is_fake(t)) {
+    return false;
+  }
+  const auto* turned_real = dynamic_cast<const FakeTensorImpl*>(t.unsafeGetTensorImpl());
+  return (turned_real == nullptr || !turned_real->materialized()) &&
          !t.unsafeGetTensorImpl()->is_python_dispatch() && !shard_info(t);
 }
 
@@ -220,13 +226,48 @@ MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
   return stats;
 }
 
+// Adds the recording that made `t` to `graphs`, if `t` is a recorded fake and it is not there.
+void add_recording_of(const at::Tensor& t, std::vector<std::shared_ptr<OpGraph>>& graphs) {
+  const RecordedFake* rec = recorded(t);
+  if (rec != nullptr && std::none_of(graphs.begin(), graphs.end(), [&](const auto& graph) {
+        return graph.get() == rec->graph;
+      })) {
+    graphs.push_back(rec->shared_graph());
+  }
+}
+
+// Note [Samplers nothing keeps] (recorder/src/rng_anchors.cpp): a torch-mode materialization
+// after which nothing holds a recording but `graphs` (every fake of it is real now, or gone, and
+// the materialization that replayed it has ended) pays what that recording owes the default
+// generator.
+void pay_for_samplers_nothing_keeps(const std::vector<std::shared_ptr<OpGraph>>& graphs,
+                                    const MaterializeOptions& options) {
+  if (options.rng() == RngMode::kCounter) {
+    return;
+  }
+  std::vector<const OpGraph*> finished;
+  for (const auto& graph : graphs) {
+    if (graph.use_count() == 1) {
+      finished.push_back(graph.get());
+    }
+  }
+  if (!finished.empty()) {
+    detail::pay_generator_debt_owed_by(finished);
+  }
+}
+
 // Materializes `tensors` whole in one Materialization (Note [One materialization]).
 void materialize_whole(const std::vector<at::Tensor>& tensors, const MaterializeOptions& options) {
-  detail::Materialization materialization(options);
-  for (const at::Tensor& t : tensors) {
-    materialization.add(t);
+  std::vector<std::shared_ptr<OpGraph>> graphs;
+  {
+    detail::Materialization materialization(options);
+    for (const at::Tensor& t : tensors) {
+      add_recording_of(t, graphs);
+      materialization.add(t);
+    }
+    materialization.run(/*report_progress=*/true);
   }
-  materialization.run(/*report_progress=*/true);
+  pay_for_samplers_nothing_keeps(graphs, options);
 }
 
 // The recorder's value reader (Note [Who reads values]), installed when the library loads.
@@ -300,27 +341,32 @@ MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tenso
     return materialize_sharded(tensors, options, checkpoint);
   }
   MaterializeStats stats;
-  detail::Materialization materialization(options);
-  for (const NamedTensor& entry : tensors) {
-    if (!is_fake(entry.tensor)) {
-      const std::string* key = checkpoint.key(entry.tensor);
-      if (key != nullptr && real_at_record_time(entry.tensor)) {
-        stats.tensors.push_back(plan_loaded_real(entry, std::nullopt, *key, materialization));
+  std::vector<std::shared_ptr<OpGraph>> graphs;
+  {
+    detail::Materialization materialization(options);
+    for (const NamedTensor& entry : tensors) {
+      add_recording_of(entry.tensor, graphs);
+      if (!is_fake(entry.tensor)) {
+        const std::string* key = checkpoint.key(entry.tensor);
+        if (key != nullptr && real_at_record_time(entry.tensor)) {
+          stats.tensors.push_back(plan_loaded_real(entry, std::nullopt, *key, materialization));
+        }
+        continue;
       }
-      continue;
+      const auto bytes = static_cast<int64_t>(entry.tensor.nbytes());
+      TensorStats tensor_stats{
+          entry.name, entry.tensor.sizes().vec(), std::nullopt, false, "", bytes, bytes};
+      if (const std::string* key = checkpoint.key(entry.tensor)) {
+        tensor_stats.bytes_computed = 0;
+        plan_loaded(entry, std::nullopt, *key, tensor_stats, materialization);
+      } else {
+        materialization.add(entry.tensor);
+      }
+      stats.tensors.push_back(std::move(tensor_stats));
     }
-    const auto bytes = static_cast<int64_t>(entry.tensor.nbytes());
-    TensorStats tensor_stats{entry.name, entry.tensor.sizes().vec(), std::nullopt, false, "", bytes,
-                             bytes};
-    if (const std::string* key = checkpoint.key(entry.tensor)) {
-      tensor_stats.bytes_computed = 0;
-      plan_loaded(entry, std::nullopt, *key, tensor_stats, materialization);
-    } else {
-      materialization.add(entry.tensor);
-    }
-    stats.tensors.push_back(std::move(tensor_stats));
+    materialization.run(/*report_progress=*/true);
   }
-  materialization.run(/*report_progress=*/true);
+  pay_for_samplers_nothing_keeps(graphs, options);
   return stats;
 }
 

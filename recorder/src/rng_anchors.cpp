@@ -10,6 +10,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <mutex>
 #include <utility>
 
@@ -281,6 +282,25 @@ void pay_generator_debt_now() {
   debt()->anchor->state();  // the outermost loan it takes pays the debt as it ends
   if (debt() && pay_if_resolved(*debt())) {
     debt().reset();
+  }
+}
+
+// Note [Samplers nothing keeps]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An owed generator is paid once its anchors are resolved, and a torch-mode replay resolves those
+// of the samplers it runs. A sampler whose result nothing keeps (trunc_normal_ of a temporary,
+// after a value read made the chain lazy) is never replayed, so its anchor would never be
+// resolved and the generator never left where eager leaves it, whatever was materialized. Eager
+// ran it; so a materialization after which the recording has no fake left in the module runs it
+// too, on scratch, at eager's cost for that op, and pays.
+void pay_generator_debt_owed_by(c10::ArrayRef<const OpGraph*> graphs) {
+  const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
+  if (!debt()) {
+    return;
+  }
+  const std::shared_ptr<OpGraph> owner = debt()->graph.lock();
+  if (owner != nullptr && std::find(graphs.begin(), graphs.end(), owner.get()) != graphs.end()) {
+    pay_generator_debt_now();
   }
 }
 

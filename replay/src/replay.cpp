@@ -700,7 +700,7 @@ void GraphReplay::commit() noexcept {
     if (available_.count(storage) == 0) {
       graph_->set_real_storage(storage, views_[i].storage());
     }
-    impl->shallow_copy_from(views_[i].getIntrusivePtr());
+    impl->materialize(views_[i].getIntrusivePtr());
   }
 }
 

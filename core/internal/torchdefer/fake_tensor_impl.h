@@ -77,6 +77,17 @@ class FakeTensorImpl final : public c10::TensorImpl {
       c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const override;
   void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
 
+  // Turns this fake real with `real`'s storage, as shallow_copy_from() does, and remembers that a
+  // materialization did it: a fake that user code turned real while recording (`p.data = t` with
+  // a real `t`) is a real tensor of the model like any other, which a sharded materialization
+  // slices; one that a materialization turned real is left as it is (Note [Nested
+  // materialization], api/src/materialize.cpp).
+  void materialize(const c10::intrusive_ptr<c10::TensorImpl>& real) {
+    shallow_copy_from(real);
+    materialized_ = true;
+  }
+  bool materialized() const { return materialized_; }
+
   // Where a data or storage access of a fake fails: they write the message first (Note [The
   // access error of a fake]).
   bool has_storage() const override;
@@ -96,6 +107,7 @@ class FakeTensorImpl final : public c10::TensorImpl {
   std::shared_ptr<const FakeAnnotation> annotation_;
   // Whether TensorImpl's custom error messages describe this fake as it is now.
   mutable std::atomic<bool> access_error_written_{false};
+  bool materialized_ = false;
 };
 
 // The FakeTensorImpl behind `t`, or nullptr if `t` is not a fake. Inline: the recorder asks it

@@ -1,0 +1,369 @@
+"""Trainers' own init flows under deferred_init: a meta build followed by ``to_empty`` and the
+trainer's init, explicit ``torch.Generator``s given to every random op (torch mode moves them as
+eager does, counter mode keys each op by its generator), construction-time forwards in eval mode,
+and the corners random programs found (issue 29)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torchdefer
+from _same_model import assert_same_state, built_both_ways
+
+WORLD_SIZES = (2, 3, 4, 7)
+
+
+def _shards(build, name, world, *args, padded=False):
+    """Parameter `name` of every rank's shard of `build(*args)` recorded from seed 0, and the
+    stats of each."""
+    parts, stats = [], []
+    for rank in range(world):
+        torch.manual_seed(0)
+        model = torchdefer.deferred_init(build, *args)
+        stats.append(torchdefer.materialize_module(
+            model, shard=torchdefer.Shard(rank, world, padded=padded)))
+        parts.append(model.get_parameter(name).detach())
+    return parts, stats
+
+
+def _counter(build, *args, seed=0, **kwargs):
+    """`build(*args)` recorded from default seed `seed`, materialized in counter mode."""
+    torch.manual_seed(seed)
+    model = torchdefer.deferred_init(build, *args)
+    torchdefer.materialize_module(model, rng="counter", **kwargs)
+    return model
+
+
+# --- A meta build, then to_empty, then the trainer's init (Note [Factories of meta templates]).
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.Linear(32, 32)
+        self.norm = nn.LayerNorm(32)
+        self.register_buffer("scale", torch.ones(32))
+
+
+class _MetaBuilt(nn.Module):
+    """torchtitan's order: every module on meta, to_empty, init_weights with its own init."""
+
+    def __init__(self, device="cpu", move="root"):
+        super().__init__()
+        with torch.device("meta"):
+            self.embed = nn.Embedding(64, 32)
+            self.blocks = nn.ModuleList([_Block() for _ in range(2)])
+            self.head = nn.Linear(32, 64, bias=False)
+        if move == "root":
+            self.to_empty(device=device)
+        else:
+            self.blocks[1].to_empty(device=device)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self):
+        for module in self.modules():
+            if isinstance(module, nn.Linear) and not module.weight.is_meta:
+                nn.init.trunc_normal_(module.weight, std=0.02, a=-0.04, b=0.04)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding) and not module.weight.is_meta:
+                nn.init.normal_(module.weight)
+            elif isinstance(module, nn.LayerNorm) and not module.weight.is_meta:
+                module.reset_parameters()
+        for block in self.blocks:
+            if not block.scale.is_meta:
+                block.scale.fill_(0.5)
+
+
+def test_to_empty_of_a_meta_build_is_recorded_and_materializes_as_eager():
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_MetaBuilt)
+    assert all(torchdefer._C.is_fake(t) for t in model.state_dict().values())
+    assert torchdefer.is_deferred(model)
+    assert "trunc_normal_" in torchdefer.explain(model.head.weight)
+    torchdefer.materialize_module(model)
+    torch.manual_seed(0)
+    eager = _MetaBuilt()
+    assert_same_state(eager, model)
+
+
+def test_to_empty_of_one_submodule_leaves_the_rest_meta_as_in_eager():
+    eager, model, eager_next, next_draw = built_both_ways(_MetaBuilt, move="one")
+    assert model.head.weight.is_meta and model.blocks[0].attn.weight.is_meta
+    assert not model.blocks[1].attn.weight.is_meta
+    for name, tensor in eager.state_dict().items():
+        got = model.state_dict()[name]
+        assert got.is_meta == tensor.is_meta, name
+        if not tensor.is_meta:
+            assert torch.equal(got, tensor), name
+    assert torch.equal(next_draw, eager_next)
+
+
+def test_to_empty_to_cuda_is_a_fake_cuda_tensor_with_or_without_a_gpu():
+    model = torchdefer.deferred_init(_MetaBuilt, "cuda")
+    assert model.head.weight.device == torch.device("cuda", 0)
+    assert torchdefer._C.is_fake(model.head.weight)
+    torchdefer.materialize_module(model, device="cpu")
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_MetaBuilt, "cuda")
+    torchdefer.materialize_module(model, device="cpu")
+    torch.manual_seed(0)
+    assert_same_state(_MetaBuilt(), model)
+
+
+def test_like_factories_of_meta_templates_make_fakes_under_fake_mode():
+    template = torch.empty(3, 5, device="meta", dtype=torch.float16)
+    with torchdefer.fake_mode():
+        for made in (torch.empty_like(template, device="cpu"),
+                     torch.zeros_like(template, device="cpu"),
+                     torch.ones_like(template, device="cpu"),
+                     torch.full_like(template, 2.0, device="cpu"),
+                     torch.randn_like(template, device="cpu"),
+                     template.new_zeros(4, device="cpu")):
+            assert torchdefer._C.is_fake(made) and made.device.type == "cpu"
+        assert torch.empty_like(template).is_meta  # no device: meta, as in eager
+
+
+def test_a_meta_template_changed_after_recording_does_not_change_the_model():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            template = torch.empty(4, 4, device="meta")
+            self.w = nn.Parameter(torch.zeros_like(template, device="cpu"))
+            template.resize_(2)  # eager does not care; neither may the recording
+    model = torchdefer.deferred_init(M)
+    torchdefer.materialize_module(model)
+    assert torch.equal(model.w, torch.zeros(4, 4))
+
+
+def test_shards_of_a_meta_build_compute_only_the_shard():
+    for world in WORLD_SIZES:
+        parts, stats = _shards(_MetaBuilt, "head.weight", world)
+        full = _counter(_MetaBuilt)
+        assert torch.equal(torch.cat(parts), full.head.weight.detach())
+        for rank_stats in stats:
+            for entry in rank_stats:
+                assert entry["bytes_computed"] == entry["bytes_kept"], entry
+
+
+# --- trunc_normal_(generator=g): one recorded op, anchored on g.
+
+def _with_generator(seed, n=64, std=1.0, bound=0.4):
+    g = torch.Generator().manual_seed(seed)
+    model = nn.Linear(n, n)
+    nn.init.trunc_normal_(model.weight, std=std, a=-bound, b=bound, generator=g)
+    nn.init.normal_(model.bias, generator=g)
+    model.g = g
+    return model
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_trunc_normal_with_a_generator_is_eager_in_torch_mode_and_bounded_in_counter_mode(seed):
+    torch.manual_seed(0)
+    eager = _with_generator(seed)
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_with_generator, seed)
+    assert torch.equal(model.g.get_state(), eager.g.get_state())  # where eager leaves it, at once
+    torchdefer.materialize_module(model)
+    assert torch.equal(model.weight, eager.weight) and torch.equal(model.bias, eager.bias)
+    counter = _counter(_with_generator, seed)
+    assert counter.weight.abs().max() <= 0.4
+
+
+def test_trunc_normal_with_a_generator_is_recorded_as_one_op():
+    model = torchdefer.deferred_init(_with_generator, 0)
+    recorded = torchdefer.explain(model.weight)
+    assert recorded.count("trunc_normal_") == 1
+    assert "where" not in recorded and "__or__" not in recorded
+
+
+def test_trunc_normal_with_a_generator_shards_compute_what_they_keep():
+    full = _counter(_with_generator, 3)
+    for world in WORLD_SIZES:
+        parts, stats = _shards(_with_generator, "weight", world, 3)
+        assert torch.equal(torch.cat(parts), full.weight.detach())
+        for rank_stats in stats:
+            weight = next(entry for entry in rank_stats if entry["name"] == "weight")
+            assert weight["bytes_computed"] == weight["bytes_kept"], weight
+
+
+def test_counter_truncated_normal_keeps_its_bounds_and_moments():
+    def build():
+        g = torch.Generator().manual_seed(7)
+        w = nn.Parameter(torch.empty(512, 512))
+        nn.init.trunc_normal_(w, mean=0.5, std=2.0, a=-1.0, b=3.0, generator=g)
+        return nn.ParameterList([w])
+    w = _counter(build)[0].detach().double()
+    assert w.min() >= -1.0 and w.max() <= 3.0
+    # The truncated normal's moments, from its standardized bounds.
+    alpha, beta = (-1.0 - 0.5) / 2.0, (3.0 - 0.5) / 2.0
+    pdf = lambda x: math.exp(-x * x / 2) / math.sqrt(2 * math.pi)  # noqa: E731
+    cdf = lambda x: (1 + math.erf(x / math.sqrt(2))) / 2  # noqa: E731
+    z = cdf(beta) - cdf(alpha)
+    mean = 0.5 + 2.0 * (pdf(alpha) - pdf(beta)) / z
+    var = 4.0 * (1 + (alpha * pdf(alpha) - beta * pdf(beta)) / z - ((pdf(alpha) - pdf(beta)) / z) ** 2)
+    assert abs(w.mean().item() - mean) < 0.01
+    assert abs(w.std().item() - math.sqrt(var)) < 0.01
+
+
+# --- Every random op given a generator, both modes (Note [Counter keys of explicit generators]).
+
+def _draw(name, g, w):
+    """One random op of family `name` drawing from `g`, writing parameter-shaped `w`."""
+    with torch.no_grad():
+        if name == "trunc_normal_":
+            nn.init.trunc_normal_(w, generator=g)
+        elif name == "normal_":
+            w.normal_(0.0, 1.0, generator=g)
+        elif name == "uniform_":
+            nn.init.uniform_(w, -1.0, 1.0, generator=g)
+        elif name == "kaiming_uniform_":
+            nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=g)
+        elif name == "xavier_normal_":
+            nn.init.xavier_normal_(w, generator=g)
+        elif name == "randn":
+            w.copy_(torch.randn(w.shape, generator=g))
+        elif name == "rand":
+            w.copy_(torch.rand(w.shape, generator=g))
+        elif name == "randint":
+            w.copy_(torch.randint(-5, 5, w.shape, generator=g))
+        elif name == "bernoulli_":
+            w.bernoulli_(0.3, generator=g)
+        elif name == "exponential_":
+            w.exponential_(2.0, generator=g)
+        elif name == "log_normal_":
+            w.log_normal_(0.0, 0.5, generator=g)
+        elif name == "cauchy_":
+            w.cauchy_(generator=g)
+        elif name == "geometric_":
+            w.geometric_(0.4, generator=g)
+        elif name == "random_":
+            w.random_(0, 10, generator=g)
+        elif name == "randperm":
+            w.copy_(torch.randperm(w.numel(), generator=g).view(w.shape).float())
+        elif name == "multinomial":
+            probabilities = torch.ones(w.shape[1])
+            w.copy_(torch.multinomial(probabilities, w.shape[1], generator=g).float().expand(w.shape))
+        else:
+            raise AssertionError(name)
+
+
+FAMILIES = ("trunc_normal_", "normal_", "uniform_", "kaiming_uniform_", "xavier_normal_", "randn",
+            "rand", "randint", "bernoulli_", "exponential_", "log_normal_", "cauchy_",
+            "geometric_", "random_", "randperm", "multinomial")
+
+
+class _Drawn(nn.Module):
+    def __init__(self, name, seed):
+        super().__init__()
+        self.g = torch.Generator().manual_seed(seed)
+        self.w = nn.Parameter(torch.empty(8, 6))
+        self.v = nn.Parameter(torch.empty(5, 6))
+        _draw(name, self.g, self.w)
+        _draw(name, self.g, self.v)  # a second draw from the same generator
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_random_op_with_a_generator_is_eager_in_torch_mode(name):
+    eager, model, eager_next, next_draw = built_both_ways(_Drawn, name, 11)
+    assert_same_state(eager, model)
+    assert torch.equal(model.g.get_state(), eager.g.get_state())
+    assert torch.equal(next_draw, eager_next)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_counter_mode_follows_the_generator_each_random_op_was_given(name):
+    one, two = _counter(_Drawn, name, 1), _counter(_Drawn, name, 2)
+    # Another default generator and another counter seed: the same weights.
+    again = _counter(_Drawn, name, 1, seed=123, counter_seed=99)
+    assert torch.equal(one.w, again.w) and torch.equal(one.v, again.v)
+    assert not torch.equal(one.w, two.w)
+    if name not in ("randperm", "multinomial"):  # a permutation of 6 may repeat
+        assert not torch.equal(one.w[:5], one.v)  # the second draw is not the first again
+
+
+@pytest.mark.parametrize("name", [f for f in FAMILIES if f not in ("randperm", "multinomial")])
+def test_shards_of_ops_with_a_generator_concatenate_to_the_counter_model(name):
+    full = _counter(_Drawn, name, 5)
+    for world in (2, 3):
+        parts, _ = _shards(_Drawn, "w", world, name, 5)
+        assert torch.equal(torch.cat(parts), full.w.detach())
+
+
+# --- Construction-time forwards (Note [Writes the schema does not show]).
+
+class _Detector(nn.Module):
+    def __init__(self, train):
+        super().__init__()
+        self.body = nn.Sequential(*[layer for _ in range(4) for layer in (
+            nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())])
+        self.inorm = nn.InstanceNorm2d(4, track_running_stats=True)
+        self.train(train)
+        with torch.no_grad():
+            self.stride = 64 // self.inorm(self.body(torch.zeros(1, 4, 16, 16))).shape[-1]
+
+
+def test_an_eval_mode_forward_is_not_in_the_history_of_running_statistics():
+    model = torchdefer.deferred_init(_Detector, False)
+    for name, buffer in model.named_buffers():
+        recorded = torchdefer.explain(buffer)
+        assert "batch_norm" not in recorded and "conv" not in recorded, (name, recorded)
+    eager, model, eager_next, next_draw = built_both_ways(_Detector, False)
+    assert_same_state(eager, model)
+
+
+def test_a_train_mode_forward_updates_running_statistics_as_in_eager():
+    model = torchdefer.deferred_init(_Detector, True)
+    assert "batch_norm" in torchdefer.explain(model.body[1].running_mean)
+    eager, model, eager_next, next_draw = built_both_ways(_Detector, True)
+    assert_same_state(eager, model)
+    assert not torch.equal(model.body[1].running_var, torch.ones(4))
+
+
+# --- Corners found by random programs.
+
+class _DeadSampler(nn.Module):
+    def __init__(self):
+        super().__init__()
+        t0 = torch.randint(-1, 1, (6, 0, 1), dtype=torch.float32)
+        t1 = torch.ones(8, 3)
+        self.r = float(t0.float().numpy().sum())
+        t2 = t0.float()
+        nn.init.trunc_normal_(t0, std=0.867)
+        t1.diagonal(1).view(-1).log_normal_(0.5, 0.5)
+        self.register_buffer("x", t2)
+
+
+def test_a_full_materialization_pays_for_samplers_nothing_keeps():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        eager, model, eager_next, next_draw = built_both_ways(_DeadSampler)
+    assert_same_state(eager, model)
+    assert torch.equal(next_draw, eager_next)
+
+
+class _RealData(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(2, 1)
+        self.mha.in_proj_weight.data = torch.arange(12.0).view(6, 2)
+        with torch.no_grad():
+            self.mha.in_proj_weight[0].mul_(2)
+            self.mha.in_proj_weight[2:].add_(1)
+
+
+@pytest.mark.parametrize("world", (4, 7))
+def test_a_parameter_given_real_data_is_this_ranks_padded_chunk(world):
+    torch.manual_seed(0)
+    full = _RealData().mha.in_proj_weight.detach()
+    chunk = -(-6 // world)
+    parts, stats = _shards(_RealData, "mha.in_proj_weight", world, padded=True)
+    for rank, part in enumerate(parts):
+        expected = full[rank * chunk:(rank + 1) * chunk]
+        assert part.shape == (chunk, 2)
+        assert torch.equal(part[:expected.shape[0]], expected)
+        assert not part[expected.shape[0]:].any()
