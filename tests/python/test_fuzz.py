@@ -26,7 +26,7 @@ from tests.fuzz.programs import FAMILIES  # noqa: E402
 
 # Families CI leaves out until the fixes they wait for land; TORCHDEFER_FUZZ_FAMILIES and the long
 # run (python3 -m tests.fuzz) draw from them as from the others. trainer_flows waits for issue 29
-# items 1-5 (docs/fuzzing.md, "trainer_flows"): CI runs it once this is ().
+# items 1-5 and the two classes it found (docs/fuzzing.md, Results): CI runs it once this is ().
 WAITING = ("trainer_flows",)
 # 22 tests of this many programs: 352 programs, CI's budget of 360 (docs/fuzzing.md); 23 tests,
 # 368 programs, with trainer_flows.
