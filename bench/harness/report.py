@@ -218,7 +218,7 @@ def _shard_peak(row: Dict[str, Any], limit: float) -> Tuple[str, bool]:
     return f"{with_range(ratio, _times, len(row['runs']))} of slice + baseline", ratio["median"] <= limit
 
 
-# Issue 12's targets: (what, strategies, models, the check and its limit).
+# Issues 12's and 29's targets: (what, strategies, models, the check and its limit).
 TARGETS = [
     ("torchtitan-style Llama: `deferred_init` time ≤ 1.5× meta construction",
      ("py-deferred-full", "py-deferred-shard", "py-deferred-record"), ("llama3-8b", "llama3-70b"), _record_vs_meta,
@@ -234,6 +234,12 @@ TARGETS = [
     ("Reference, not the target: Hugging Face Llama `deferred_init(from_config)` time ≤ 1.2× meta "
      "construction + the `initialize_weights()` it skips",
      ("hf-deferred-full", "hf-deferred-shard", "hf-deferred-record"), ("llama3-70b",), _record_vs_meta_with_init, 1.2),
+    # Issue 29's: a trainer's own flow recorded at meta cost.
+    ("Trainer flow (meta build + `to_empty` + `init_weights`) under `deferred_init`: time ≤ 1.5× the same flow "
+     "on the meta device", ("py-flow-deferred-record", "py-flow-deferred-shard"), ("llama3-8b", "llama3-70b"),
+     _record_vs_meta, 1.5),
+    ("Trainer flow under `deferred_init`: peak RSS growth ≤ meta's + 20 MB",
+     ("py-flow-deferred-record", "py-flow-deferred-shard"), ("llama3-8b", "llama3-70b"), _record_growth, 20e6),
     ("py-deferred-shard, rank 0 of 64: peak RSS ≤ 1.1× (its slice + the process baseline)",
      ("py-deferred-shard",), ("llama3-70b",), _shard_peak, 1.1),
 ]

@@ -161,7 +161,20 @@ def stats_counts(stats: List[Dict[str, Any]]) -> Dict[str, Any]:
     return counts
 
 
+def trainer_flow(config: models.LlamaConfig, device: str = "cpu") -> torch.nn.Module:
+    """What a trainer runs (torchtitan's order): build on the meta device, allocate with to_empty,
+    then the model's own init_weights. With device="meta", the same calls on meta tensors: the
+    flow's meta cost, which its recording is compared with."""
+    with torch.device("meta"):
+        module = models.Llama(config)
+    module.to_empty(device=device)
+    module.init_weights()
+    return module
+
+
 def builder(strategy: str, config: models.LlamaConfig) -> Callable[[], torch.nn.Module]:
+    if strategy.startswith("py-flow-"):
+        return lambda: trainer_flow(config)
     if strategy.startswith("hf-"):
         import transformers
 
@@ -188,7 +201,8 @@ def broadcast_from_rank0(module: torch.nn.Module) -> None:
 def run(strategy: str, config: models.LlamaConfig, rank: int, world: int, device: torch.device) -> Dict[str, Any]:
     """Builds `config` with `strategy` and measures it (Note [Warm-up run])."""
     build = builder(strategy, config)
-    meta = measure_meta(build)
+    # A trainer's flow allocates in to_empty: its reference is the same flow kept on meta.
+    meta = measure_meta(lambda: trainer_flow(config, "meta") if strategy.startswith("py-flow-") else build)
     # Note [What meta construction skips in transformers]
     # transformers' PreTrainedModel.init_weights (modeling_utils.py, run by post_init at the end
     # of every model's __init__) calls initialize_weights() only when

@@ -906,12 +906,20 @@ class Recorder {
   // recording that factory would return a fake that nothing records, turning the whole result
   // into a fake with no recorded origin.
   void run_real(c10::DispatchKeySet keys) {
-    if (facts_.random) {
-      // An unrecorded op is about to draw: the generator must be where eager would have it.
+    if (facts_.random && !only_meta_tensors()) {
+      // An unrecorded op is about to draw: the generator must be where eager would have it. On
+      // meta tensors (a meta build's reset_parameters) it draws nothing, and settling there would
+      // pay an owed generator at eager's cost of every sampler it waits for.
       detail::settle_generator_exactly();
     }
     RealOnlyGuard real_only;
     run_below(keys);
+  }
+
+  bool only_meta_tensors() const {
+    return std::all_of(seen_.begin(), seen_.end(), [](const SeenTensor& seen) {
+      return !seen.tensor->defined() || seen.tensor->is_meta();
+    });
   }
 
   // Runs the call as if the recorder were not there: the kernels below its position.
