@@ -251,9 +251,7 @@ void pay_for_samplers_nothing_keeps(const std::vector<std::shared_ptr<OpGraph>>&
       finished.push_back(graph.get());
     }
   }
-  if (!finished.empty()) {
-    detail::pay_generator_debt_owed_by(finished);
-  }
+  detail::pay_generator_debt_owed_by(finished);
 }
 
 // Materializes `tensors` whole in one Materialization (Note [One materialization]).

@@ -422,6 +422,7 @@ def materialize_module(
         return stats
     _check_options(shard, rng, check_fn, counter_seed, progress)
     target = _target_device(device)
+    _dtensor.forget_settled(module)
     entries = _named_tensors(module, check_fn, buffers_only, real=shard is not None or bool(loading))
     stats: List[Dict[str, Any]] = []
     if entries:
@@ -440,7 +441,7 @@ def _forget_what_is_real(module: torch.nn.Module) -> None:
     (Note [Forgetting to materialize]) and the fakes remembered for DTensor layouts, which would
     otherwise keep tensors alive that FSDP or the user let go of."""
     _guard.release(module)
-    _dtensor.forget_materialized(module)
+    _dtensor.forget_settled(module)
 
 
 def materialize_tensor(

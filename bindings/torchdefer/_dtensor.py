@@ -89,17 +89,26 @@ def remember_own(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
     return fakes
 
 
-def forget_materialized(module: torch.nn.Module) -> None:
+def forget_settled(module: torch.nn.Module) -> None:
     """Forgets the remembered tensors of ``module``'s tree that are real now, so that a tensor the
-    module later lets go of (``load_state_dict(assign=True)``) is not kept alive here."""
+    module later lets go of (``load_state_dict(assign=True)``) is not kept alive here, and the
+    fakes a module no longer holds, nor a DTensor in their place (``to_empty`` after deferred_init
+    returned replaced them): kept here, they would keep their recording alive, which a
+    materialization that leaves none of its fakes pays the generator for (Note [Samplers nothing
+    keeps])."""
     for submodule in _module_tree.modules(module):
         fakes = _remembered.get(submodule)
         if fakes is None:
             continue
-        for name in [name for name, t in fakes.items() if not _C.is_fake(t)]:
+        for name in [name for name, t in fakes.items() if not _C.is_fake(t) or _replaced(submodule, name, t)]:
             del fakes[name]
         if not fakes:
             del _remembered[submodule]
+
+
+def _replaced(module: torch.nn.Module, name: str, fake: torch.Tensor) -> bool:
+    held = module._parameters.get(name, module._buffers.get(name))
+    return held is not fake and not _is_deferred_dtensor(held)
 
 
 def _own_fakes(module: torch.nn.Module) -> Dict[str, torch.Tensor]:

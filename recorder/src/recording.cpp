@@ -9,6 +9,7 @@
 #include <torchdefer/generator_sharing.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/op_table.h>
+#include <torchdefer/rng_anchors.h>
 #include <torchdefer/torch_compat.h>
 #include <torchdefer/value_reader.h>
 
@@ -1395,6 +1396,8 @@ RecordingScope::~RecordingScope() {
   }
   if (!exact_generator_) {
     detail::settle_generator();
+    // Note [Samplers nothing keeps]: a recording that ends with no fake left pays now.
+    detail::pay_generator_debt_owed_by({});
     return;
   }
   try {

@@ -291,15 +291,17 @@ void pay_generator_debt_now() {
 // of the samplers it runs. A sampler whose result nothing keeps (trunc_normal_ of a temporary,
 // after a value read made the chain lazy) is never replayed, so its anchor would never be
 // resolved and the generator never left where eager leaves it, whatever was materialized. Eager
-// ran it; so a materialization after which the recording has no fake left in the module runs it
-// too, on scratch, at eager's cost for that op, and pays.
+// ran it; so it runs, on scratch, at eager's cost for that op, and the debt is paid, once nothing
+// of its recording can be materialized any more: after a torch-mode materialization that leaves
+// no fake of it, or when the recording ends with none (a constructor whose tensors are all real,
+// or dead), or at the next torch-mode materialization once its last fake is gone.
 void pay_generator_debt_owed_by(c10::ArrayRef<const OpGraph*> graphs) {
   const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
   if (!debt()) {
     return;
   }
   const std::shared_ptr<OpGraph> owner = debt()->graph.lock();
-  if (owner != nullptr && std::find(graphs.begin(), graphs.end(), owner.get()) != graphs.end()) {
+  if (owner == nullptr || std::find(graphs.begin(), graphs.end(), owner.get()) != graphs.end()) {
     pay_generator_debt_now();
   }
 }

@@ -139,10 +139,13 @@ void GraphReplay::plan() {
 }
 
 // A storage that is already real can be read by `node` as it is if nothing recorded writes it
-// after `node`: then its final contents are what `node` read at record time.
+// after `node`, nor `node` itself: then its final contents are what `node` read at record time.
+// A node that writes what it reads (a train-mode batch_norm computing its output from the running
+// statistics it updates) reads them as they were before it, and running it again on the real
+// storage would write it twice.
 bool GraphReplay::readable_as_is(int64_t storage, int64_t node) {
   const RecordedStorage& record = graph_->storages()[storage];
-  if (record.writers.back() > node) {
+  if (record.writers.back() >= node) {
     return false;
   }
   c10::intrusive_ptr<c10::StorageImpl> real = graph_->real_storage(storage);

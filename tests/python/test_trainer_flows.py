@@ -367,3 +367,66 @@ def test_a_parameter_given_real_data_is_this_ranks_padded_chunk(world):
         assert part.shape == (chunk, 2)
         assert torch.equal(part[:expected.shape[0]], expected)
         assert not part[expected.shape[0]:].any()
+
+
+class _AllDead(nn.Module):
+    """Every random op from a trunc_normal_ on is dead, and nothing fake is kept."""
+
+    def __init__(self, variant):
+        super().__init__()
+        nn.init.trunc_normal_(torch.empty(6))
+        if variant == "dead_draw_after":
+            _ = torch.randn(3)
+        if variant == "real_param_after":
+            self.p = nn.Parameter(torch.randn(1))
+            self.p.data = torch.tensor([1.0, 2.0])
+
+
+@pytest.mark.parametrize("variant", ("alone", "dead_draw_after", "real_param_after"))
+def test_a_recording_that_keeps_no_fake_pays_the_generator_when_it_ends(variant):
+    torch.manual_seed(0)
+    _AllDead(variant)
+    expected = torch.get_rng_state()
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_AllDead, variant)
+    torchdefer.materialize_module(model)
+    assert torch.equal(torch.get_rng_state(), expected)
+
+
+class _ReplacedAfterReturn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(2, 5))
+        self.register_buffer("b", torch.zeros(()))
+        nn.init.trunc_normal_(self.w)
+        _ = torch.randn(3)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_to_empty_after_return_leaves_nothing_owed_once_the_model_is_materialized(seed):
+    torch.manual_seed(seed)
+    _ReplacedAfterReturn().to_empty(device="cpu")
+    expected = torch.get_rng_state()
+    torch.manual_seed(seed)
+    model = torchdefer.deferred_init(_ReplacedAfterReturn)
+    model.to_empty(device="cpu")
+    torchdefer.materialize_module(model)
+    assert torch.equal(torch.get_rng_state(), expected)
+
+
+class _KeptForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(2)
+        y = self.bn(torch.randn(4, 2))
+        self.register_buffer("y", y.detach().clone())
+
+
+def test_a_train_mode_forward_kept_updates_running_statistics_once_when_materialized_child_first():
+    torch.manual_seed(0)
+    eager = _KeptForward()
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_KeptForward)
+    torchdefer.materialize_module(model.bn)
+    torchdefer.materialize_module(model)
+    assert_same_state(eager, model)

@@ -159,9 +159,9 @@ std::optional<GeneratorDebt> take_generator_debt();
 // Resolves the owed generator's anchor now and pays it.
 void pay_generator_debt_now();
 // pay_generator_debt_now() when the recording whose chain ended owing the generator is one of
-// `graphs`: a torch-mode materialization that left none of their fakes has replayed all it ever
-// will of them, so the samplers whose results nothing kept are resolved now (Note [Samplers
-// nothing keeps]).
+// `graphs` (a torch-mode materialization left none of their fakes) or is gone: nothing of it will
+// be materialized any more, so the samplers whose results nothing kept are resolved now (Note
+// [Samplers nothing keeps]).
 void pay_generator_debt_owed_by(c10::ArrayRef<const OpGraph*> graphs);
 
 // Why a value-dependent sampler cannot be resolved from its recorded arguments (it reads values of
