@@ -226,6 +226,16 @@ MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
   return stats;
 }
 
+// A view's base is reachable from it (`t._base`) and holds its storage: it turns real with it, at
+// no cost beyond the view's own replay, so that no fake of the recording is left behind a model
+// whose tensors are all real (Note [Samplers nothing keeps]).
+void add_with_fake_base(const at::Tensor& t, detail::Materialization& materialization) {
+  materialization.add(t);
+  if (t.is_view() && is_fake(t._base())) {
+    materialization.add(at::Tensor(t._base()));
+  }
+}
+
 // Adds the recording that made `t` to `graphs`, if `t` is a recorded fake and it is not there.
 void add_recording_of(const at::Tensor& t, std::vector<std::shared_ptr<OpGraph>>& graphs) {
   const RecordedFake* rec = recorded(t);
@@ -261,7 +271,7 @@ void materialize_whole(const std::vector<at::Tensor>& tensors, const Materialize
     detail::Materialization materialization(options);
     for (const at::Tensor& t : tensors) {
       add_recording_of(t, graphs);
-      materialization.add(t);
+      add_with_fake_base(t, materialization);
     }
     materialization.run(/*report_progress=*/true);
   }
@@ -358,7 +368,7 @@ MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tenso
         tensor_stats.bytes_computed = 0;
         plan_loaded(entry, std::nullopt, *key, tensor_stats, materialization);
       } else {
-        materialization.add(entry.tensor);
+        add_with_fake_base(entry.tensor, materialization);
       }
       stats.tensors.push_back(std::move(tensor_stats));
     }

@@ -49,6 +49,8 @@ def test_python_strategy_measures_the_tiny_model(name):
 
 
 def _buffers(name):
+    # A trainer's flow allocates with to_empty: its buffers are the model's, built on meta.
+    name = "py-deferred-record" if name.startswith("py-flow-") else name
     with torch.device("meta"):
         module = strategy.builder(name, TINY)()
     return list(module.buffers())

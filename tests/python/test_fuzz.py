@@ -24,12 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.fuzz.check import run_seed  # noqa: E402
 from tests.fuzz.programs import FAMILIES  # noqa: E402
 
-# Families CI leaves out until the fixes they wait for land; TORCHDEFER_FUZZ_FAMILIES and the long
-# run (python3 -m tests.fuzz) draw from them as from the others. trainer_flows waits for issue 29
-# items 1-5 and the two classes it found (docs/fuzzing.md, Results): CI runs it once this is ().
-WAITING = ("trainer_flows",)
-# 22 tests of this many programs: 352 programs, CI's budget of 360 (docs/fuzzing.md); 23 tests,
-# 368 programs, with trainer_flows.
+# Families CI leaves out until the fixes they wait for land (none now); TORCHDEFER_FUZZ_FAMILIES
+# and the long run (python3 -m tests.fuzz) draw from them as from the others.
+WAITING = ()
+# 23 tests of this many programs: 368 programs (docs/fuzzing.md).
 PROGRAMS = int(os.environ.get("TORCHDEFER_FUZZ_PROGRAMS", "16"))
 SEED_BASE = int(os.environ.get("TORCHDEFER_FUZZ_SEED_BASE", "1100000"))
 DEFAULT_FAMILIES = ",".join(f for f in FAMILIES if f not in WAITING)

@@ -430,3 +430,23 @@ def test_a_train_mode_forward_kept_updates_running_statistics_once_when_material
     torchdefer.materialize_module(model.bn)
     torchdefer.materialize_module(model)
     assert_same_state(eager, model)
+
+
+class _ViewOfADraw(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(640)
+        self.register_buffer("order", torch.randperm(18, generator=g).view(2, 9))
+        nn.init.trunc_normal_(torch.randn(9, 2).clone())
+
+
+def test_a_view_kept_as_a_buffer_turns_its_base_real_and_the_generator_is_paid():
+    torch.manual_seed(0)
+    eager = _ViewOfADraw()
+    expected = torch.get_rng_state()
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(_ViewOfADraw)
+    torchdefer.materialize_module(model)
+    assert_same_state(eager, model)
+    assert not torchdefer._C.is_fake(model.order._base)
+    assert torch.equal(torch.get_rng_state(), expected)
