@@ -100,7 +100,9 @@ def forget_settled(module: torch.nn.Module) -> None:
         fakes = _remembered.get(submodule)
         if fakes is None:
             continue
-        for name in [name for name, t in fakes.items() if not _C.is_fake(t) or _replaced(submodule, name, t)]:
+        settled = [name for name, t in fakes.items()
+                   if not _C.is_fake(t) or _replaced(submodule, name, t)]
+        for name in settled:
             del fakes[name]
         if not fakes:
             del _remembered[submodule]

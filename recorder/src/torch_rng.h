@@ -65,14 +65,18 @@ struct DrawPlan {
 // offset 0 from it, then moves the generator exactly as the eager kernel would: by the op's
 // counted draws (one MT19937 jump, Note [MT19937 jump-ahead]), or, where only a run can count
 // them (the kernels of Note [Torch-mode draw offsets] that run on scratch, and the
-// value-dependent samplers, which read their fake arguments' values for it), by running the op
-// on scratch with that generator at once: an explicit generator is never owed, whatever
-// exact_generator says, so it is where eager leaves it as soon as the op is recorded. Torch-mode
+// value-dependent samplers, which read their fake arguments' values for it, but for the tensor
+// they overwrite: trunc_normal_ runs on scratch of its target's geometry), by running the op on
+// scratch with that generator at once: an explicit generator is never owed, whatever
+// exact_generator says, so it is where eager leaves it as soon as the op is recorded. It cannot
+// be: its state can be read at any moment (`g.get_state()`, a method of a C type nothing can
+// stand in for), and an owed one would answer a state eager never had. Torch-mode
 // replay runs the op with a private generator set to the anchor, never the user's, so
-// materializing moves no generator; counter mode fills as for any random op, and an op with no
-// counter distribution draws from a private generator seeded from the recording's seed and its
-// stream. A generator of another device is refused when recording, since its state could not be
-// left where eager leaves it.
+// materializing moves no generator; counter mode keys the op by the generator's state at its
+// anchor (Note [Counter keys of explicit generators] in replay/src/recorded_ops.h), and an op with
+// no counter distribution draws from a private generator seeded from that key. A generator of
+// another device is refused when recording, since its state could not be left where eager leaves
+// it.
 
 // How `node` of `graph` draws (its op table DrawRule applied to this call); `target` is the tensor
 // it fills (its written argument, or its output for factories).
