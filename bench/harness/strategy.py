@@ -202,7 +202,7 @@ def run(strategy: str, config: models.LlamaConfig, rank: int, world: int, device
     """Builds `config` with `strategy` and measures it (Note [Warm-up run])."""
     build = builder(strategy, config)
     # A trainer's flow allocates in to_empty: its reference is the same flow kept on meta.
-    meta = measure_meta(lambda: trainer_flow(config, "meta") if strategy.startswith("py-flow-") else build)
+    meta = measure_meta((lambda: trainer_flow(config, "meta")) if strategy.startswith("py-flow-") else build)
     # Note [What meta construction skips in transformers]
     # transformers' PreTrainedModel.init_weights (modeling_utils.py, run by post_init at the end
     # of every model's __init__) calls initialize_weights() only when
