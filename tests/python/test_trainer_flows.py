@@ -91,6 +91,17 @@ def test_to_empty_of_a_meta_build_is_recorded_and_materializes_as_eager():
     assert_same_state(eager, model)
 
 
+def test_to_empty_in_a_deferred_block_is_recorded_as_under_deferred_init():
+    torch.manual_seed(0)
+    with torchdefer.deferred():
+        model = _MetaBuilt()
+    assert torchdefer.is_deferred(model)
+    assert all(torchdefer._C.is_fake(t) for t in model.state_dict().values())
+    torchdefer.materialize_module(model)
+    torch.manual_seed(0)
+    assert_same_state(_MetaBuilt(), model)
+
+
 def test_to_empty_of_one_submodule_leaves_the_rest_meta_as_in_eager():
     eager, model, eager_next, next_draw = built_both_ways(_MetaBuilt, move="one")
     assert model.head.weight.is_meta and model.blocks[0].attn.weight.is_meta
