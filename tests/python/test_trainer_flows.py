@@ -395,13 +395,8 @@ class _AllDead(nn.Module):
 
 @pytest.mark.parametrize("variant", ("alone", "dead_draw_after", "real_param_after"))
 def test_a_recording_that_keeps_no_fake_pays_the_generator_when_it_ends(variant):
-    torch.manual_seed(0)
-    _AllDead(variant)
-    expected = torch.get_rng_state()
-    torch.manual_seed(0)
-    model = torchdefer.deferred_init(_AllDead, variant)
-    torchdefer.materialize_module(model)
-    assert torch.equal(torch.get_rng_state(), expected)
+    _, _, eager_next, next_draw = built_both_ways(_AllDead, variant)
+    assert torch.equal(next_draw, eager_next)
 
 
 class _ReplacedAfterReturn(nn.Module):
@@ -452,12 +447,7 @@ class _ViewOfADraw(nn.Module):
 
 
 def test_a_view_kept_as_a_buffer_turns_its_base_real_and_the_generator_is_paid():
-    torch.manual_seed(0)
-    eager = _ViewOfADraw()
-    expected = torch.get_rng_state()
-    torch.manual_seed(0)
-    model = torchdefer.deferred_init(_ViewOfADraw)
-    torchdefer.materialize_module(model)
+    eager, model, eager_next, next_draw = built_both_ways(_ViewOfADraw)
     assert_same_state(eager, model)
     assert not torchdefer._C.is_fake(model.order._base)
-    assert torch.equal(torch.get_rng_state(), expected)
+    assert torch.equal(next_draw, eager_next)
