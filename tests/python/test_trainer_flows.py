@@ -451,3 +451,31 @@ def test_a_view_kept_as_a_buffer_turns_its_base_real_and_the_generator_is_paid()
     assert_same_state(eager, model)
     assert not torchdefer._C.is_fake(model.order._base)
     assert torch.equal(next_draw, eager_next)
+
+
+class _TwoSubs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+
+@pytest.mark.parametrize("when", ("constructor", "after_return"))
+def test_the_owed_generator_warning_names_samplers_recorded_in_submodules(when, capfd):
+    def build():
+        model = _TwoSubs()
+        if when == "constructor":
+            for child in model.children():
+                nn.init.trunc_normal_(child.weight)
+        return model
+
+    model = torchdefer.deferred_init(build)
+    if when == "after_return":
+        for child in model.children():
+            nn.init.trunc_normal_(child.weight)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.randn(3)  # draws before the owed generator is paid
+        torchdefer.materialize_module(model)
+    said = capfd.readouterr().err + "".join(str(w.message) for w in caught)
+    assert said.count("torchdefer::trunc_normal_ on fake Float[4, 4]") == 2, said
