@@ -1390,6 +1390,7 @@ void abandon_on_another_thread(std::unique_ptr<RecordingScope> scope) {
 RecordingScope::~RecordingScope() {
   detail::leave_recording();
   tls_open_recordings.pop_back();
+  const std::weak_ptr<OpGraph> ended = tls_graph;
   tls_graph = std::move(saved_graph_);
   if (autocast_on_now()) {
     forget_autocast_casts();
@@ -1397,7 +1398,7 @@ RecordingScope::~RecordingScope() {
   if (!exact_generator_) {
     detail::settle_generator();
     // Note [Samplers nothing keeps]: a recording that ends with no fake left pays now.
-    detail::pay_generator_debt_owed_by({});
+    detail::pay_generator_debt_of_ended(ended);
     return;
   }
   try {

@@ -294,14 +294,26 @@ void pay_generator_debt_now() {
 // ran it; so it runs, on scratch, at eager's cost for that op, and the debt is paid, once nothing
 // of its recording can be materialized any more: after a torch-mode materialization that leaves
 // no fake of it, or when the recording ends with none (a constructor whose tensors are all real,
-// or dead), or at the next torch-mode materialization once its last fake is gone.
+// or dead). A recording whose fakes were dropped unmaterialized stays owed, as before: paying it
+// at some later, unrelated call would cost that call every sampler of a model nobody kept.
 void pay_generator_debt_owed_by(c10::ArrayRef<const OpGraph*> graphs) {
   const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
   if (!debt()) {
     return;
   }
   const std::shared_ptr<OpGraph> owner = debt()->graph.lock();
-  if (owner == nullptr || std::find(graphs.begin(), graphs.end(), owner.get()) != graphs.end()) {
+  if (owner != nullptr && std::find(graphs.begin(), graphs.end(), owner.get()) != graphs.end()) {
+    pay_generator_debt_now();
+  }
+}
+
+void pay_generator_debt_of_ended(const std::weak_ptr<OpGraph>& ended) {
+  const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
+  if (!debt() || !ended.expired()) {
+    return;
+  }
+  const std::weak_ptr<OpGraph>& owner = debt()->graph;
+  if (!owner.owner_before(ended) && !ended.owner_before(owner)) {
     pay_generator_debt_now();
   }
 }

@@ -159,10 +159,13 @@ std::optional<GeneratorDebt> take_generator_debt();
 // Resolves the owed generator's anchor now and pays it.
 void pay_generator_debt_now();
 // pay_generator_debt_now() when the recording whose chain ended owing the generator is one of
-// `graphs` (a torch-mode materialization left none of their fakes) or is gone: nothing of it will
-// be materialized any more, so the samplers whose results nothing kept are resolved now (Note
+// `graphs`, of which a torch-mode materialization left no fake: nothing of it will be
+// materialized any more, so the samplers whose results nothing kept are resolved now (Note
 // [Samplers nothing keeps]).
 void pay_generator_debt_owed_by(c10::ArrayRef<const OpGraph*> graphs);
+// The same for the recording `ended`, which just ended, if nothing holds it any more: it kept no
+// fake.
+void pay_generator_debt_of_ended(const std::weak_ptr<OpGraph>& ended);
 
 // Why a value-dependent sampler cannot be resolved from its recorded arguments (it reads values of
 // fakes other than the tensor it fills), if it cannot.
