@@ -3,6 +3,7 @@
 
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/fake_tensor_impl.h>
+#include <torchdefer/rng_anchors.h>
 #include <torchdefer/torch_compat.h>
 
 #include <ATen/core/grad_mode.h>
@@ -80,8 +81,15 @@ Materialization::Group& Materialization::group_of(const std::shared_ptr<OpGraph>
 }
 
 void Materialization::add(const at::Tensor& t) {
-  if (is_fake(t)) {
-    add_target(t);
+  if (!is_fake(t)) {
+    return;
+  }
+  add_target(t);
+  // A view's base is reachable from it (`t._base`) and holds its storage: it turns real with it,
+  // at no cost beyond the view's own replay, so that no fake of the recording is left behind a
+  // model whose tensors are all real (Note [Samplers nothing keeps]).
+  if (t.is_view() && is_fake(t._base())) {
+    add_target(at::Tensor(t._base()));
   }
 }
 
@@ -204,6 +212,22 @@ void Materialization::run(bool report_progress) {
     }
   }
   commit();
+  if (!config_.counter_rng) {
+    pay_for_finished_recordings();
+  }
+}
+
+// Note [Samplers nothing keeps] (recorder/src/rng_anchors.cpp): a torch-mode materialization
+// after which nothing holds a recording it replayed (every fake of it is real now, or gone) pays
+// what that recording owes the default generator. The groups and their replays hold their
+// recordings: they are let go first.
+void Materialization::pay_for_finished_recordings() {
+  std::vector<std::weak_ptr<OpGraph>> replayed;
+  for (const auto& [key, group] : groups_) {
+    replayed.push_back(group.graph);
+  }
+  groups_.clear();
+  detail::pay_generator_debt_of_finished(replayed);
 }
 
 void Materialization::commit() noexcept {

@@ -75,7 +75,7 @@ class Materialization {
                      const std::string& key);
 
   // Plans, runs and commits everything added, reporting each replayed node to the progress
-  // callback when `report_progress`.
+  // callback when `report_progress`; once.
   void run(bool report_progress);
 
  private:
@@ -105,6 +105,7 @@ class Materialization {
   std::vector<Group*> run_order();
   at::Tensor compute_shard(const NamedTensor& entry, const Box& box, TensorStats& stats);
   void commit() noexcept;
+  void pay_for_finished_recordings();
 
   const MaterializeOptions& options_;
   ReplayConfig config_;

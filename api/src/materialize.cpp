@@ -3,7 +3,6 @@
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/materialize.h>
-#include <torchdefer/rng_anchors.h>
 #include <torchdefer/torch_compat.h>
 #include <torchdefer/value_reader.h>
 
@@ -226,56 +225,13 @@ MaterializeStats materialize_sharded(const std::vector<NamedTensor>& tensors,
   return stats;
 }
 
-// A view's base is reachable from it (`t._base`) and holds its storage: it turns real with it, at
-// no cost beyond the view's own replay, so that no fake of the recording is left behind a model
-// whose tensors are all real (Note [Samplers nothing keeps]).
-void add_with_fake_base(const at::Tensor& t, detail::Materialization& materialization) {
-  materialization.add(t);
-  if (t.is_view() && is_fake(t._base())) {
-    materialization.add(at::Tensor(t._base()));
-  }
-}
-
-// Adds the recording that made `t` to `graphs`, if `t` is a recorded fake and it is not there.
-void add_recording_of(const at::Tensor& t, std::vector<std::shared_ptr<OpGraph>>& graphs) {
-  const RecordedFake* rec = recorded(t);
-  if (rec != nullptr && std::none_of(graphs.begin(), graphs.end(), [&](const auto& graph) {
-        return graph.get() == rec->graph;
-      })) {
-    graphs.push_back(rec->shared_graph());
-  }
-}
-
-// Note [Samplers nothing keeps] (recorder/src/rng_anchors.cpp): a torch-mode materialization
-// after which nothing holds a recording but `graphs` (every fake of it is real now, or gone, and
-// the materialization that replayed it has ended) pays what that recording owes the default
-// generator.
-void pay_for_samplers_nothing_keeps(const std::vector<std::shared_ptr<OpGraph>>& graphs,
-                                    const MaterializeOptions& options) {
-  if (options.rng() == RngMode::kCounter) {
-    return;
-  }
-  std::vector<const OpGraph*> finished;
-  for (const auto& graph : graphs) {
-    if (graph.use_count() == 1) {
-      finished.push_back(graph.get());
-    }
-  }
-  detail::pay_generator_debt_owed_by(finished);
-}
-
 // Materializes `tensors` whole in one Materialization (Note [One materialization]).
 void materialize_whole(const std::vector<at::Tensor>& tensors, const MaterializeOptions& options) {
-  std::vector<std::shared_ptr<OpGraph>> graphs;
-  {
-    detail::Materialization materialization(options);
-    for (const at::Tensor& t : tensors) {
-      add_recording_of(t, graphs);
-      add_with_fake_base(t, materialization);
-    }
-    materialization.run(/*report_progress=*/true);
+  detail::Materialization materialization(options);
+  for (const at::Tensor& t : tensors) {
+    materialization.add(t);
   }
-  pay_for_samplers_nothing_keeps(graphs, options);
+  materialization.run(/*report_progress=*/true);
 }
 
 // The recorder's value reader (Note [Who reads values]), installed when the library loads.
@@ -349,32 +305,27 @@ MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tenso
     return materialize_sharded(tensors, options, checkpoint);
   }
   MaterializeStats stats;
-  std::vector<std::shared_ptr<OpGraph>> graphs;
-  {
-    detail::Materialization materialization(options);
-    for (const NamedTensor& entry : tensors) {
-      add_recording_of(entry.tensor, graphs);
-      if (!is_fake(entry.tensor)) {
-        const std::string* key = checkpoint.key(entry.tensor);
-        if (key != nullptr && real_at_record_time(entry.tensor)) {
-          stats.tensors.push_back(plan_loaded_real(entry, std::nullopt, *key, materialization));
-        }
-        continue;
+  detail::Materialization materialization(options);
+  for (const NamedTensor& entry : tensors) {
+    if (!is_fake(entry.tensor)) {
+      const std::string* key = checkpoint.key(entry.tensor);
+      if (key != nullptr && real_at_record_time(entry.tensor)) {
+        stats.tensors.push_back(plan_loaded_real(entry, std::nullopt, *key, materialization));
       }
-      const auto bytes = static_cast<int64_t>(entry.tensor.nbytes());
-      TensorStats tensor_stats{
-          entry.name, entry.tensor.sizes().vec(), std::nullopt, false, "", bytes, bytes};
-      if (const std::string* key = checkpoint.key(entry.tensor)) {
-        tensor_stats.bytes_computed = 0;
-        plan_loaded(entry, std::nullopt, *key, tensor_stats, materialization);
-      } else {
-        add_with_fake_base(entry.tensor, materialization);
-      }
-      stats.tensors.push_back(std::move(tensor_stats));
+      continue;
     }
-    materialization.run(/*report_progress=*/true);
+    const auto bytes = static_cast<int64_t>(entry.tensor.nbytes());
+    TensorStats tensor_stats{entry.name, entry.tensor.sizes().vec(), std::nullopt, false, "", bytes,
+                             bytes};
+    if (const std::string* key = checkpoint.key(entry.tensor)) {
+      tensor_stats.bytes_computed = 0;
+      plan_loaded(entry, std::nullopt, *key, tensor_stats, materialization);
+    } else {
+      materialization.add(entry.tensor);
+    }
+    stats.tensors.push_back(std::move(tensor_stats));
   }
-  pay_for_samplers_nothing_keeps(graphs, options);
+  materialization.run(/*report_progress=*/true);
   return stats;
 }
 

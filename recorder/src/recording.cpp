@@ -1398,7 +1398,7 @@ RecordingScope::~RecordingScope() {
   if (!exact_generator_) {
     detail::settle_generator();
     // Note [Samplers nothing keeps]: a recording that ends with no fake left pays now.
-    detail::pay_generator_debt_of_ended(ended);
+    detail::pay_generator_debt_of_finished({ended});
     return;
   }
   try {

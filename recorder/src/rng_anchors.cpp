@@ -296,24 +296,16 @@ void pay_generator_debt_now() {
 // no fake of it, or when the recording ends with none (a constructor whose tensors are all real,
 // or dead). A recording whose fakes were dropped unmaterialized stays owed, as before: paying it
 // at some later, unrelated call would cost that call every sampler of a model nobody kept.
-void pay_generator_debt_owed_by(c10::ArrayRef<const OpGraph*> graphs) {
+void pay_generator_debt_of_finished(c10::ArrayRef<std::weak_ptr<OpGraph>> recordings) {
   const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
-  if (!debt()) {
-    return;
-  }
-  const std::shared_ptr<OpGraph> owner = debt()->graph.lock();
-  if (owner != nullptr && std::find(graphs.begin(), graphs.end(), owner.get()) != graphs.end()) {
-    pay_generator_debt_now();
-  }
-}
-
-void pay_generator_debt_of_ended(const std::weak_ptr<OpGraph>& ended) {
-  const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
-  if (!debt() || !ended.expired()) {
+  if (!debt() || !debt()->graph.expired()) {
     return;
   }
   const std::weak_ptr<OpGraph>& owner = debt()->graph;
-  if (!owner.owner_before(ended) && !ended.owner_before(owner)) {
+  const auto same = [&](const std::weak_ptr<OpGraph>& recording) {
+    return !owner.owner_before(recording) && !recording.owner_before(owner);
+  };
+  if (std::any_of(recordings.begin(), recordings.end(), same)) {
     pay_generator_debt_now();
   }
 }

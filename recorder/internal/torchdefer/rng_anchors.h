@@ -159,13 +159,10 @@ std::optional<GeneratorDebt> take_generator_debt();
 // Resolves the owed generator's anchor now and pays it.
 void pay_generator_debt_now();
 // pay_generator_debt_now() when the recording whose chain ended owing the generator is one of
-// `graphs`, of which a torch-mode materialization left no fake: nothing of it will be
-// materialized any more, so the samplers whose results nothing kept are resolved now (Note
-// [Samplers nothing keeps]).
-void pay_generator_debt_owed_by(c10::ArrayRef<const OpGraph*> graphs);
-// The same for the recording `ended`, which just ended, if nothing holds it any more: it kept no
-// fake.
-void pay_generator_debt_of_ended(const std::weak_ptr<OpGraph>& ended);
+// `recordings` and nothing holds it any more (a torch-mode materialization left none of its fakes,
+// or it ended with none): nothing of it will be materialized any more, so the samplers whose
+// results nothing kept are resolved now (Note [Samplers nothing keeps]).
+void pay_generator_debt_of_finished(c10::ArrayRef<std::weak_ptr<OpGraph>> recordings);
 
 // Why a value-dependent sampler cannot be resolved from its recorded arguments (it reads values of
 // fakes other than the tensor it fills), if it cannot.
