@@ -85,10 +85,12 @@ void Materialization::add(const at::Tensor& t) {
     return;
   }
   add_target(t);
-  // A view's base is reachable from it (`t._base`) and holds its storage: it turns real with it,
-  // at no cost beyond the view's own replay, so that no fake of the recording is left behind a
-  // model whose tensors are all real (Note [Samplers nothing keeps]).
-  if (t.is_view() && is_fake(t._base())) {
+  // A view's base is reachable from it (`t._base`) and holds its storage: a whole materialization
+  // turns it real with it, at no cost beyond the view's own replay, so that no fake of the
+  // recording is left behind a model whose tensors are all real (Note [Samplers nothing keeps]).
+  // Not a sharded one: the base may be a parameter that the same call makes this rank's shard
+  // (`register_buffer("row", linear.weight[0])`).
+  if (!options_.sharded() && t.is_view() && is_fake(t._base())) {
     add_target(at::Tensor(t._base()));
   }
 }

@@ -479,3 +479,17 @@ def test_the_owed_generator_warning_names_samplers_recorded_in_submodules(when, 
         torchdefer.materialize_module(model)
     said = capfd.readouterr().err + "".join(str(w.message) for w in caught)
     assert said.count("torchdefer::trunc_normal_ on fake Float[4, 4]") == 2, said
+
+
+class _RowOfAWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+        self.holder = nn.Module()
+        self.holder.register_buffer("row", self.linear.weight[0])
+
+
+def test_a_buffer_viewing_a_sharded_parameter_leaves_the_parameter_its_shard():
+    full = _counter(_RowOfAWeight)
+    parts, _ = _shards(_RowOfAWeight, "linear.weight", 2)
+    assert torch.equal(torch.cat(parts), full.linear.weight.detach())
