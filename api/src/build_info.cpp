@@ -6,6 +6,8 @@ namespace torchdefer {
 
 std::string counter_fill_cpu_capability() { return counter_fill_isa(); }
 
+int counter_scheme_version() { return kCounterSchemeVersion; }
+
 bool has_cuda_kernels() { return counter_fill_has_cuda_kernel(); }
 
 }  // namespace torchdefer

@@ -1,4 +1,5 @@
 // The public materialization API: tensors and torch::nn modules.
+#include <torchdefer/counter_rng.h>
 #include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/fake_tensor_impl.h>
@@ -292,9 +293,13 @@ void materialize_tensors(const std::vector<at::Tensor>& tensors,
   materialize_whole(tensors, options);
 }
 
-MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tensors,
-                                           const std::vector<NamedTensor>& module_tensors,
-                                           const MaterializeOptions& options) {
+namespace {
+
+// Plans and runs one materialization of `tensors` (a module's, or a caller's list); stats are
+// completed by materialize_named_tensors.
+MaterializeStats materialize_entries(const std::vector<NamedTensor>& tensors,
+                                     const std::vector<NamedTensor>& module_tensors,
+                                     const MaterializeOptions& options) {
   for (const NamedTensor& entry : tensors) {
     if (made_in_inference_mode(entry.tensor)) {  // Note [Inference mode while recording]
       refuse_inference_tensor("cannot materialize " + entry.name + ": it");
@@ -326,6 +331,22 @@ MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tenso
     stats.tensors.push_back(std::move(tensor_stats));
   }
   materialization.run(/*report_progress=*/true);
+  return stats;
+}
+
+}  // namespace
+
+MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tensors,
+                                           const std::vector<NamedTensor>& module_tensors,
+                                           const MaterializeOptions& options) {
+  MaterializeStats stats = materialize_entries(tensors, module_tensors, options);
+  if (options.rng() == RngMode::kCounter) {
+    for (TensorStats& t : stats.tensors) {
+      if (t.source == "init" && t.fallback != kRealAtRecordTime) {
+        t.counter_scheme = kCounterSchemeVersion;
+      }
+    }
+  }
   return stats;
 }
 

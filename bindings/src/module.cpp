@@ -163,6 +163,7 @@ py::dict stats_to_dict(const TensorStats& t) {
   d["bytes_computed"] = t.bytes_computed;
   d["bytes_kept"] = t.bytes_kept;
   d["source"] = t.source;
+  d["counter_scheme"] = t.counter_scheme;
   return d;
 }
 
@@ -318,4 +319,5 @@ PYBIND11_MODULE(_C, m) {
       py::arg("module_entries") = std::vector<std::tuple<std::string, at::Tensor, bool>>{});
   m.def("counter_fill_cpu_capability", [] { return counter_fill_cpu_capability(); });
   m.def("has_cuda_kernels", [] { return has_cuda_kernels(); });
+  m.def("counter_scheme_version", [] { return counter_scheme_version(); });
 }

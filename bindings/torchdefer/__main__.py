@@ -25,6 +25,7 @@ def report() -> List[Tuple[str, str]]:
         ("built against torch", TORCH_VERSION),
         ("running torch", torch.__version__),
         ("counter fill CPU capability", _C.counter_fill_cpu_capability()),
+        ("counter scheme", str(_C.counter_scheme_version())),
         ("CUDA kernels", "yes" if _C.has_cuda_kernels() else "no"),
         ("CUDA available", "yes" if torch.cuda.is_available() else "no"),
     ]

@@ -2,9 +2,11 @@
 // erfinv, every distribution and the rounding to each dtype, defined once for the CPU fill, its
 // vector kernels and the CUDA kernel (Note [One definition of the counter math]).
 //
-// No torch headers and no library calls: IEEE + − × ÷ and sqrt, and exact bit operations. Every
-// translation unit that includes this header is compiled with FP contraction off (-ffp-contract=off
-// for the host compiler, -fmad=false for nvcc).
+// No torch headers and no library calls but fma: IEEE + − × ÷, sqrt and fused multiply-add, each
+// correctly rounded, and exact bit operations. A fused multiply-add is written out (Lanes::fma)
+// wherever one is meant; every translation unit that includes this header is compiled with FP
+// contraction off (-ffp-contract=off for the host compiler, -fmad=false for nvcc), so that the
+// compiler fuses nothing else.
 #pragma once
 
 #include <cmath>
@@ -165,6 +167,7 @@ struct Lanes<double> {
   TORCHDEFER_HOST_DEVICE static bool equal(double x, double y) { return x == y; }
   TORCHDEFER_HOST_DEVICE static bool both(bool x, bool y) { return x && y; }
   TORCHDEFER_HOST_DEVICE static bool either(bool x, bool y) { return x || y; }
+  TORCHDEFER_HOST_DEVICE static bool any(bool x) { return x; }
   TORCHDEFER_HOST_DEVICE static double select(bool m, double x, double y) { return m ? x : y; }
   // x rounded toward zero, exactly.
   TORCHDEFER_HOST_DEVICE static double trunc(double x) {
@@ -182,6 +185,9 @@ struct Lanes<double> {
   }
   // Correctly rounded (IEEE) on every host and on CUDA.
   TORCHDEFER_HOST_DEVICE static double sqrt(double x) { return ::sqrt(x); }
+  // x·y + z rounded once (IEEE fusedMultiplyAdd): the fma instruction where the CPU has one (the
+  // C library picks it at run time), exact in software where it has not, native on CUDA.
+  TORCHDEFER_HOST_DEVICE static double fma(double x, double y, double z) { return ::fma(x, y, z); }
 };
 
 template <>
@@ -238,7 +244,7 @@ TORCHDEFER_HOST_DEVICE inline V log(V x) {
   const V s2 = s * s;
   V p = L::broadcast(1.0 / 25.0);
   for (int n = 23; n >= 1; n -= 2) {
-    p = 1.0 / n + s2 * p;
+    p = L::fma(s2, p, L::broadcast(1.0 / n));
   }
   return k * kLn2Hi + (k * kLn2Lo + 2.0 * s * p);
 }
@@ -259,11 +265,12 @@ TORCHDEFER_HOST_DEVICE inline void sincos_2pi(V t, V* sin, V* cos) {
   const V x2 = x * x;
   V ps = L::broadcast(inverse_factorial(19));
   V pc = L::broadcast(inverse_factorial(20));
+  const V minus_x2 = -x2;
   for (int n = 17; n >= 1; n -= 2) {
-    ps = inverse_factorial(n) - x2 * ps;
-    pc = inverse_factorial(n + 1) - x2 * pc;
+    ps = L::fma(minus_x2, ps, L::broadcast(inverse_factorial(n)));
+    pc = L::fma(minus_x2, pc, L::broadcast(inverse_factorial(n + 1)));
   }
-  pc = inverse_factorial(0) - x2 * pc;
+  pc = L::fma(minus_x2, pc, L::broadcast(inverse_factorial(0)));
   const V xs = x * ps;
   // Where f > 1/2 the quarter's sine and cosine trade places.
   const V s = L::select(low, xs, pc);
@@ -301,7 +308,7 @@ TORCHDEFER_HOST_DEVICE inline V exp_in_range(V x) {
   const V r = (x - kd * kLn2Hi) - kd * kLn2Lo;
   V p = L::broadcast(inverse_factorial(17));
   for (int n = 16; n >= 0; --n) {
-    p = inverse_factorial(n) + r * p;
+    p = L::fma(r, p, L::broadcast(inverse_factorial(n)));
   }
   // 2^k in two steps so that k down to −1074 stays representable; k/2 rounds toward zero.
   const V k1 = L::trunc(kd * 0.5);
@@ -337,7 +344,7 @@ TORCHDEFER_HOST_DEVICE inline V exp_minus_square(V x) {
 
 // erf x for 0 ≤ x < 1.5: (2/√π)·x·e^(−x²)·Σ (2x²)^n / (2n + 1)!!, a series of positive terms
 // (no cancellation), 27 terms (the tail is below 2^-56 of the sum at x = 1.5).
-// `e` is exp_minus_square(x), which erfinv's Halley step needs too.
+// `e` is exp_minus_square(x).
 template <typename V>
 TORCHDEFER_HOST_DEVICE inline V erf_series(V x, V e) {
   const V t = 2.0 * x * x;
@@ -350,7 +357,7 @@ TORCHDEFER_HOST_DEVICE inline V erf_series(V x, V e) {
 
 // erfc x for x ≥ 1: e^(−x²)/√π · 1/(x + (1/2)/(x + 1/(x + (3/2)/(x + ...)))), Laplace's
 // continued fraction evaluated from 150 levels deep (converged to 2^-53 from x = 1.1 up).
-// `e` is exp_minus_square(x), as for erf_series.
+// `e` is exp_minus_square(x).
 template <typename V>
 TORCHDEFER_HOST_DEVICE inline V erfc_fraction(V x, V e) {
   V k = x;
@@ -360,7 +367,9 @@ TORCHDEFER_HOST_DEVICE inline V erfc_fraction(V x, V e) {
   return e / (kSqrtPi * k);
 }
 
-// The error function, from the series below 1.5 and 1 − erfc above (erf rounds to 1 from 6).
+// The error function, from the series below 1.5 and 1 − erfc above (erf rounds to 1 from 6). Its
+// cost (hundreds of divisions) is paid twice per truncated-normal op, for the bounds, never per
+// element.
 TORCHDEFER_HOST_DEVICE inline double erf(double x) {
   const double a = x < 0 ? -x : x;
   double r;
@@ -374,44 +383,80 @@ TORCHDEFER_HOST_DEVICE inline double erf(double x) {
   return x < 0 ? -r : r;
 }
 
-// The inverse error function on [−1, 1]: ±∞ at ±1. Four Halley steps on erf(x) − |u| from an
-// initial guess, written as 1 − |u| − erfc(x) from |u| > 0.9, where 1 − |u| is exact and erfc
-// keeps its relative precision (from x ≈ 1.16, where the continued fraction has converged).
-// Its two regions are functions of their own, which the vector kernels apply to the lanes of
-// each (Note [Vectorized truncated normal]).
-
-// Halley's step on erf(x) − a, given f = erf(x) − a and e = exp_minus_square(x).
+// c0 + t·(c1 + t·(c2 + ...)), each step one fused multiply-add, from the innermost.
 template <typename V>
-TORCHDEFER_HOST_DEVICE inline V halley_step(V x, V f, V e) {
-  const V r = f / (kTwoOverSqrtPi * e);
-  return x - r / (1.0 + x * r);
+TORCHDEFER_HOST_DEVICE inline V horner(V, double c) {
+  return Lanes<V>::broadcast(c);
+}
+template <typename V, typename... Rest>
+TORCHDEFER_HOST_DEVICE inline V horner(V t, double c, Rest... rest) {
+  return Lanes<V>::fma(t, horner<V>(t, rest...), Lanes<V>::broadcast(c));
 }
 
-// erfinv a for 0 ≤ a ≤ 0.9.
+// The inverse error function on [−1, 1]: ±∞ at ±1 (Note [Counter-mode truncated normal]).
+// erfinv(a) = a·g(w) for 0 ≤ a < 1 with w = −ln(1 − a²), where 1 − a² is computed as
+// (1 − a)(1 + a): for a ≥ ½, 1 − a is exact, so w keeps its relative precision up to
+// a = 1 − 2^-53. g is one polynomial in w up to w = 6.25 (|a| < 0.99806) and, beyond, one of two
+// polynomials in s = √w (s < 4, and s up to 6.05 > √(52 ln 2), the largest w a draw below 1
+// gives). The polynomials are Chebyshev interpolants rounded to double, printed by
+// scripts/counter_polynomials.py, which also measures their error.
+// BEGIN generated by scripts/counter_polynomials.py
+// erfinv(a)/a for w in [0.0, 6.25], degree 24: relative error < 1.48·2^-53.
 template <typename V>
-TORCHDEFER_HOST_DEVICE inline V erfinv_central(V a) {
-  // The first terms of erfinv's series.
-  const V a2 = a * a;
-  V x = (kSqrtPi / 2.0) * a * (1.0 + a2 * (0.2617993877991494 + a2 * 0.1439317317852011));
-  for (int step = 0; step < 4; ++step) {
-    const V e = exp_minus_square<V>(x);
-    x = halley_step<V>(x, erf_series<V>(x, e) - a, e);
-  }
-  return x;
+TORCHDEFER_HOST_DEVICE inline V erfinv_central(V w) {
+  return horner<V>(
+      w - 0x1.9000000000000p+1, 0x1.a755e7c99ae86p+0, 0x1.ebd80d9b13dfap-3, -0x1.8b6c33114ea2fp-8,
+      -0x1.84576948359ddp-11, 0x1.879c2a20aeb2ep-13, -0x1.d1d1f7c9ffa6dp-17, -0x1.6e8a53c7ac2ffp-20,
+      0x1.c6b4f8868f532p-22, -0x1.f36ceed4416aep-26, -0x1.1a9eb00326b9bp-28, 0x1.20f544d62fff1p-30,
+      -0x1.dc3f457145cd3p-35, -0x1.c8a6afa1550f4p-37, 0x1.7236b79e1d57ep-39, -0x1.6b86f85109f07p-44,
+      -0x1.6877e8ae70f27p-45, 0x1.d5e95ecc5f898p-48, -0x1.6b6b0fc6a580fp-55, -0x1.19ac650194dcap-53,
+      0x1.1e1f9ee618b29p-56, 0x1.669b9213d3cdfp-61, -0x1.9a137911c05cfp-62, 0x1.79a647e43b44ep-66,
+      0x1.e2aa7ddd776b6p-69, -0x1.b2643e45e1856p-72);
 }
 
-// erfinv a for 0.9 < a < 1.
+// erfinv(a)/a for s in [2.5, 4.0], degree 20: relative error < 1.16·2^-53.
 template <typename V>
-TORCHDEFER_HOST_DEVICE inline V erfinv_tail(V a) {
-  const V v = 1.0 - a;
-  // erfc x ≈ e^(−x²)/(x√π): x² ≈ −ln v − ln(x√π), with x ≈ sqrt(−ln v) inside.
-  const V l = -log<V>(v);
-  V x = Lanes<V>::sqrt(l - log<V>(Lanes<V>::sqrt(l) * kSqrtPi));
-  for (int step = 0; step < 4; ++step) {
-    const V e = exp_minus_square<V>(x);
-    x = halley_step<V>(x, v - erfc_fraction<V>(x, e), e);
+TORCHDEFER_HOST_DEVICE inline V erfinv_tail_near(V s) {
+  return horner<V>(
+      s - 0x1.a000000000000p+1, 0x1.8abcc380d5a48p+1, 0x1.0158a6d641d55p+0, 0x1.5ffcfe5b6cd38p-8,
+      -0x1.ebadabba02be5p-9, 0x1.468eeca944c44p-9, -0x1.ba9240d8768c3p-10, 0x1.f3cc545d9ca81p-11,
+      -0x1.7448bcc8e9aa7p-12, 0x1.932e8fd4360edp-16, 0x1.1e6abbe66ca02p-14, -0x1.8cf463501e9a0p-15,
+      0x1.a241c6f237f34p-17, 0x1.899aa0e374402p-19, -0x1.0b79e820e8497p-18, 0x1.8db69feb41fb6p-20,
+      -0x1.da75906425fdap-26, -0x1.079a074d69940p-22, 0x1.1a9484c4d3628p-23, -0x1.674f1725daa65p-26,
+      -0x1.06f1da245bfd3p-26, 0x1.07e3c2020286fp-27);
+}
+
+// erfinv(a)/a for s in [4.0, 6.05], degree 18: relative error < 1.72·2^-53.
+template <typename V>
+TORCHDEFER_HOST_DEVICE inline V erfinv_tail_far(V s) {
+  return horner<V>(
+      s - 0x1.419999999999ap+2, 0x1.3802af1f9b6cap+2, 0x1.02a29212908c4p+0, -0x1.442542eb5cd6bp-13,
+      -0x1.b344bd748e89fp-13, 0x1.349aa671483b5p-14, -0x1.3f07ce28addd5p-16, 0x1.2456dcf125c77p-18,
+      -0x1.fd529dab855c0p-21, 0x1.cce887a09c166p-23, -0x1.051da3010d6e7p-24, 0x1.aff217f7c63acp-26,
+      -0x1.c16746912f218p-27, 0x1.cf81631865096p-28, -0x1.a03d842a1c166p-29, 0x1.43e41ecd9511dp-30,
+      -0x1.c5c1d298b9a61p-32, 0x1.46bc8ced9722ap-34, 0x1.367ae2cc88db7p-35, -0x1.379025210cfffp-36);
+}
+// END generated by scripts/counter_polynomials.py
+
+// erfinv(a) for 0 ≤ a < 1 in every lane. A lane type evaluates the tail's polynomials only when
+// one of its lanes needs them (rare: below a fifth of a percent of a uniform's elements), and
+// each lane takes the value of its own region: the scalar definition's operations, lane by lane.
+template <typename V>
+TORCHDEFER_HOST_DEVICE inline V erfinv_magnitude(V a) {
+  using L = Lanes<V>;
+  const V w = -log<V>((1.0 - a) * (1.0 + a));
+  V g = erfinv_central<V>(w);
+  const auto tail = L::less_equal(L::broadcast(6.25), w);
+  if (L::any(tail)) {
+    const V s = L::sqrt(L::select(tail, w, L::broadcast(6.25)));
+    V t = erfinv_tail_near<V>(s);
+    const auto far = L::less_equal(L::broadcast(4.0), s);
+    if (L::any(far)) {
+      t = L::select(far, erfinv_tail_far<V>(s), t);
+    }
+    g = L::select(tail, t, g);
   }
-  return x;
+  return a * g;
 }
 
 TORCHDEFER_HOST_DEVICE inline double erfinv(double u) {
@@ -421,7 +466,7 @@ TORCHDEFER_HOST_DEVICE inline double erfinv(double u) {
                ? (u < 0 ? -bits_double(0x7ff0000000000000ull) : bits_double(0x7ff0000000000000ull))
                : bits_double(0x7ff8000000000000ull);
   }
-  const double x = a > 0.9 ? erfinv_tail<double>(a) : erfinv_central<double>(a);
+  const double x = erfinv_magnitude<double>(a);
   return u < 0 ? -x : x;
 }
 

@@ -100,8 +100,8 @@ math::ElementParams element_params(const CounterDistributionParams& p, uint64_t 
 //    in-lane 4x4 transpose leaves the words in element order.
 //  * AVX2 (counter_rng_avx2.cpp, likewise): float32 uniform and normal, the same scheme with four
 //    sets of eight blocks, for CPUs without AVX-512.
-//  * Truncated normal, every dtype, with either instruction set: erfinv on vector lanes, the rest
-//    scalar (Note [Vectorized truncated normal]).
+//  * Truncated normal, every dtype: the whole element on AVX-512 lanes, erfinv on AVX2 lanes
+//    (Note [Vectorized truncated normal]).
 //  * Otherwise the scalar path. The choice is made at run time from cpuid, so the library runs on
 //    any x86-64 CPU. TORCHDEFER_CPU_CAPABILITY=scalar|avx2|avx512 caps it (as ATEN_CPU_CAPABILITY
 //    does ATen's kernels), so that tests and benchmarks run every path on one machine.
@@ -160,6 +160,8 @@ std::optional<counter_simd::Op> simd_op(CounterDistribution distribution) {
       return counter_simd::Op::kBernoulli;
     case CounterDistribution::kExponential:
       return counter_simd::Op::kExponential;
+    case CounterDistribution::kTruncatedNormal:
+      return counter_simd::Op::kTruncatedNormal;
     default:
       return std::nullopt;
   }
@@ -169,14 +171,13 @@ std::optional<counter_simd::Op> simd_op(CounterDistribution distribution) {
 
 // Note [Vectorized truncated normal]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// On the scalar path a truncated normal element costs about eighty normal ones: its erfinv is four
-// Halley steps, each a series of 27 divisions (or, in the tail |u| > 0.9, a continued fraction of
-// 150), one long chain of dependent operations. So the elements' uniforms, clamping and rounding
-// stay on the scalar path, for every dtype, and erfinv runs on vector lanes, a chunk of elements
-// at a time (counter_rng_erfinv.h): the central region's template (counter_math.h) in every lane,
-// then the tail's in lanes filled with the chunk's tail elements only. Each lane computes the
-// scalar definition's IEEE operations in order, so the bits are the scalar path's, which
-// counter_rng_test.cpp checks element by element.
+// A truncated normal element is a uniform, erfinv (a logarithm and a polynomial of degree 24:
+// Note [Counter scheme versions], version 2), a scale, a clamp and a rounding. The AVX-512
+// kernel computes all of it on vector lanes, for every floating dtype, with the tail's
+// polynomials evaluated only for the vectors that need them. With AVX2 the uniforms, clamping
+// and rounding stay on the scalar path and erfinv runs on vector lanes, a chunk of elements at a
+// time (counter_rng_erfinv.h). Each lane computes the scalar definition's operations in order,
+// so the bits are the scalar path's, which counter_rng_test.cpp checks element by element.
 template <typename S>
 int64_t truncated_normal_fill(S* out, uint64_t e, int64_t count, const math::ElementParams& params,
                               math::Draws& draws) {
@@ -213,7 +214,8 @@ template <typename T>
 int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
                     const math::ElementParams& params, math::Draws& draws) {
 #ifdef TORCHDEFER_X86_KERNELS
-  if (params.distribution == CounterDistribution::kTruncatedNormal) {
+  if (params.distribution == CounterDistribution::kTruncatedNormal &&
+      counter_isa() != Isa::kAvx512) {
     return truncated_normal_fill(out, e, count, params, draws);
   }
 #endif
@@ -244,6 +246,10 @@ int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
   job.count = count - j;
   job.a = params.a;
   job.b = params.b;
+  job.low = params.low;
+  job.high = params.high;
+  job.u_low = params.u_low;
+  job.u_high = params.u_high;
   job.seed = params.seed;
   job.stream = params.stream;
   return j + (avx512 ? counter_simd::fill_avx512(job) : counter_simd::fill_avx2(job));
@@ -304,7 +310,7 @@ namespace counter_simd {
 
 bool avx2_available() {
 #ifdef TORCHDEFER_X86_KERNELS
-  static const bool available = __builtin_cpu_supports("avx2");
+  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return available;
 #else
   return false;

@@ -1,6 +1,6 @@
 // AVX2 kernels of the counter RNG (Note [Vectorized counter fill]): float32 uniform and normal,
-// for CPUs without AVX-512. Compiled with -mavx2 -ffp-contract=off (replay/CMakeLists.txt) and
-// called only where counter_simd::avx2_available(). Every function below computes exactly what
+// for CPUs without AVX-512. Compiled with -mavx2 -mfma -ffp-contract=off (replay/CMakeLists.txt)
+// and called only where counter_simd::avx2_available(). Every function below computes exactly what
 // the scalar definition computes: the math is counter_math.h's, instantiated for AVX2 lanes.
 #include "counter_rng_simd.h"
 
@@ -28,6 +28,7 @@ struct Lanes<__m256d> {
   static Mask equal(__m256d x, __m256d y) { return _mm256_cmp_pd(x, y, _CMP_EQ_OQ); }
   static Mask both(Mask x, Mask y) { return _mm256_and_pd(x, y); }
   static Mask either(Mask x, Mask y) { return _mm256_or_pd(x, y); }
+  static bool any(Mask x) { return _mm256_movemask_pd(x) != 0; }
   static __m256d select(Mask m, __m256d x, __m256d y) { return _mm256_blendv_pd(y, x, m); }
   static __m256d trunc(__m256d x) {
     return _mm256_round_pd(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
@@ -49,13 +50,14 @@ struct Lanes<__m256d> {
     return _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_cvtepi32_epi64(biased), 52));
   }
   static __m256d sqrt(__m256d x) { return _mm256_sqrt_pd(x); }
+  static __m256d fma(__m256d x, __m256d y, __m256d z) { return _mm256_fmadd_pd(x, y, z); }
 };
 
 namespace avx2 {
 
-// N registers of four float64 lanes, stepped together (as avx512::Doubles): erfinv's Halley
-// steps are one long chain of dependent divisions, multiplies and adds per register, and
-// interleaving two keeps the floating-point units busy. A double converts to all lanes.
+// N registers of four float64 lanes, stepped together (as avx512::Doubles): erfinv's polynomials
+// are one long chain of dependent multiplies and adds per register, and interleaving two keeps
+// the floating-point units busy. A double converts to all lanes.
 template <int N>
 struct Doubles {
   __m256d v[N];
@@ -157,6 +159,13 @@ struct Lanes<avx2::Doubles<N>> {
     }
     return r;
   }
+  static bool any(const Mask& x) {
+    bool r = false;
+    for (int i = 0; i < N; ++i) {
+      r = r || One::any(x.m[i]);
+    }
+    return r;
+  }
   static D select(const Mask& m, const D& x, const D& y) {
     D r;
     for (int i = 0; i < N; ++i) {
@@ -175,6 +184,13 @@ struct Lanes<avx2::Doubles<N>> {
   static D trunc(const D& x) { return map(x, One::trunc); }
   static D pow2(const D& k) { return map(k, One::pow2); }
   static D sqrt(const D& x) { return map(x, One::sqrt); }
+  static D fma(const D& x, const D& y, const D& z) {
+    D r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = One::fma(x.v[i], y.v[i], z.v[i]);
+    }
+    return r;
+  }
   static void split_exponent(const D& x, D* m, D* k) {
     for (int i = 0; i < N; ++i) {
       One::split_exponent(x.v[i], &m->v[i], &k->v[i]);
@@ -314,7 +330,7 @@ __m256 normal8(__m256i words, double mean, double std) {
 
 void erfinv_avx2(const double* u, double* out, int64_t count) {
   using counter_math::avx2::Doubles;
-  counter_math::erfinv_lanes<Doubles<2>, Doubles<4>, kErfinvChunk>(u, out, count);
+  counter_math::erfinv_lanes<Doubles<2>>(u, out, count);
 }
 
 int64_t fill_avx2(const Job& job) {

@@ -125,6 +125,13 @@ struct Lanes<avx512::Doubles<N>> {
     }
     return r;
   }
+  static bool any(const Mask& x) {
+    __mmask8 r = 0;
+    for (int i = 0; i < N; ++i) {
+      r |= x.m[i];
+    }
+    return r != 0;
+  }
   static D select(const Mask& m, const D& x, const D& y) {
     D r;
     for (int i = 0; i < N; ++i) {
@@ -162,6 +169,13 @@ struct Lanes<avx512::Doubles<N>> {
     D r;
     for (int i = 0; i < N; ++i) {
       r.v[i] = _mm512_sqrt_pd(x.v[i]);
+    }
+    return r;
+  }
+  static D fma(const D& x, const D& y, const D& z) {
+    D r;
+    for (int i = 0; i < N; ++i) {
+      r.v[i] = _mm512_fmadd_pd(x.v[i], y.v[i], z.v[i]);
     }
     return r;
   }
@@ -213,7 +227,10 @@ namespace {
 
 using counter_math::kTwoPow32;
 using Words = counter_math::avx512::Words;
-using Pair = counter_math::avx512::Doubles<2>;
+// Registers of float64 lanes that the math steps together: its polynomials and series are long
+// chains of dependent multiplies and adds, whose latency only independent registers hide.
+constexpr int kChains = 8;
+using Chains = counter_math::avx512::Doubles<kChains>;
 
 constexpr int kSets = Words::kSets;
 constexpr int kGroupBlocks = 16 * kSets;
@@ -257,29 +274,37 @@ void words_to_double(__m512i words, __m512d* lo, __m512d* hi) {
   *hi = _mm512_cvtepu32_pd(_mm512_extracti64x4_epi64(words, 1));
 }
 
-Pair pair(__m512d first, __m512d second) {
-  Pair p;
-  p.v[0] = first;
-  p.v[1] = second;
-  return p;
-}
-
-// Box–Muller on two registers of pairs at once.
-void box_muller_2(const __m512d (&u1)[2], const __m512d (&u2)[2], __m512d (&cos_value)[2],
-                  __m512d (&sin_value)[2]) {
-  Pair c, s;
-  counter_math::box_muller<Pair>(pair(u1[0], u1[1]), pair(u2[0], u2[1]), &c, &s);
-  for (int i = 0; i < 2; ++i) {
-    cos_value[i] = c.v[i];
-    sin_value[i] = s.v[i];
+// The truncated normal's value from its uniform u, as counter_math::truncated_normal_value
+// computes it from erfinv(u): clamp(mean + std·(√2·erfinv(u)), low, high), erfinv's ±1 and NaN
+// lanes included, and NaN as the x86 default NaN, which to_dtype stores.
+Chains truncated_normal(const Job& job, const Chains& u) {
+  const __m512d one = _mm512_set1_pd(1.0);
+  __mmask8 negative[kChains], special[kChains];
+  Chains a;
+  for (int i = 0; i < kChains; ++i) {
+    const __m512d magnitude = _mm512_abs_pd(u.v[i]);
+    negative[i] = _mm512_cmp_pd_mask(u.v[i], _mm512_setzero_pd(), _CMP_LT_OQ);
+    special[i] = _mm512_cmp_pd_mask(magnitude, one, _CMP_NLT_UQ);  // ±1 and NaN
+    a.v[i] = _mm512_maskz_mov_pd(static_cast<__mmask8>(~special[i]), magnitude);
   }
-}
-
-// ln of two registers at once.
-void log_2(const __m512d (&x)[2], __m512d (&out)[2]) {
-  const Pair l = counter_math::log<Pair>(pair(x[0], x[1]));
-  out[0] = l.v[0];
-  out[1] = l.v[1];
+  const Chains g = counter_math::erfinv_magnitude<Chains>(a);
+  const __m512d infinity = _mm512_set1_pd(__builtin_inf());
+  const __m512d nan =
+      _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<int64_t>(0xfff8000000000000ull)));
+  Chains out;
+  for (int i = 0; i < kChains; ++i) {
+    const __mmask8 unit = _mm512_cmp_pd_mask(_mm512_abs_pd(u.v[i]), one, _CMP_EQ_OQ);
+    __m512d x = _mm512_mask_blend_pd(special[i], g.v[i], _mm512_mask_blend_pd(unit, nan, infinity));
+    x = _mm512_mask_xor_pd(x, negative[i], x, _mm512_set1_pd(-0.0));
+    __m512d value = job.a + job.b * (counter_math::kSqrt2 * x);
+    const __mmask8 below = _mm512_cmp_pd_mask(value, _mm512_set1_pd(job.low), _CMP_LT_OQ);
+    const __mmask8 above = _mm512_cmp_pd_mask(value, _mm512_set1_pd(job.high), _CMP_GT_OQ);
+    value = _mm512_mask_blend_pd(above, value, _mm512_set1_pd(job.high));
+    value = _mm512_mask_blend_pd(below, value, _mm512_set1_pd(job.low));
+    const __mmask8 unordered = _mm512_cmp_pd_mask(value, value, _CMP_UNORD_Q);
+    out.v[i] = _mm512_mask_blend_pd(unordered, value, nan);
+  }
+  return out;
 }
 
 // float32 to float16 bits, to nearest even; NaN becomes the sign and 0x7E00, as c10::Half does.
@@ -381,18 +406,41 @@ void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVecto
                   const Wrap& wrap) {
   if (job.op == Op::kNormal) {
     // Each 64-bit lane is one pair: u1 from its low word, u2 from its high word.
-    for (int v = 0; v < kGroupVectors; v += 2) {
-      __m512d u1[2], u2[2], c[2], s[2];
-      for (int i = 0; i < 2; ++i) {
+    for (int v = 0; v < kGroupVectors; v += kChains) {
+      Chains u1, u2, c, s;
+      for (int i = 0; i < kChains; ++i) {
         const __m512i w = words[v + i];
-        u1[i] = (_mm512_cvtepu32_pd(_mm512_cvtepi64_epi32(w)) + 1.0) / kTwoPow32;
-        u2[i] = _mm512_cvtepu32_pd(_mm512_cvtepi64_epi32(_mm512_srli_epi64(w, 32))) / kTwoPow32;
+        u1.v[i] = (_mm512_cvtepu32_pd(_mm512_cvtepi64_epi32(w)) + 1.0) / kTwoPow32;
+        u2.v[i] = _mm512_cvtepu32_pd(_mm512_cvtepi64_epi32(_mm512_srli_epi64(w, 32))) / kTwoPow32;
       }
-      box_muller_2(u1, u2, c, s);
-      for (int i = 0; i < 2; ++i) {
+      counter_math::box_muller<Chains>(u1, u2, &c, &s);
+      for (int i = 0; i < kChains; ++i) {
         __m512d lo, hi;
-        interleave(job.a + job.b * c[i], job.a + job.b * s[i], &lo, &hi);
+        interleave(job.a + job.b * c.v[i], job.a + job.b * s.v[i], &lo, &hi);
         store16<D>(job.out, index + 16 * (v + i), lo, hi, wrap);
+      }
+    }
+    return;
+  }
+  if (job.op == Op::kExponential || job.op == Op::kTruncatedNormal) {
+    // Two registers of elements per vector of words.
+    for (int v = 0; v < kGroupVectors; v += kChains / 2) {
+      Chains x;
+      for (int i = 0; i < kChains / 2; ++i) {
+        const __m512i w =
+            job.op == Op::kExponential ? words[v + i] : _mm512_srli_epi32(words[v + i], 8);
+        words_to_double(w, &x.v[2 * i], &x.v[2 * i + 1]);
+      }
+      Chains value;
+      if (job.op == Op::kExponential) {
+        // −ln(u)/λ, u = (w + 1)·2^-32.
+        value = -counter_math::log<Chains>((x + 1.0) / kTwoPow32) / job.a;
+      } else {
+        // The uniform over [u_low, u_high), u = (w >> 8)·2^-24.
+        value = truncated_normal(job, job.u_low + (job.u_high - job.u_low) * (x * 0x1p-24));
+      }
+      for (int i = 0; i < kChains / 2; ++i) {
+        store16<D>(job.out, index + 16 * (v + i), value.v[2 * i], value.v[2 * i + 1], wrap);
       }
     }
     return;
@@ -417,16 +465,9 @@ void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVecto
         hi = _mm512_maskz_mov_pd(hi_true, _mm512_set1_pd(1.0));
         break;
       }
-      case Op::kExponential: {
-        words_to_double(words[v], &lo, &hi);
-        const __m512d u[2] = {(lo + 1.0) / kTwoPow32, (hi + 1.0) / kTwoPow32};
-        __m512d log_u[2];
-        log_2(u, log_u);
-        lo = -log_u[0] / job.a;
-        hi = -log_u[1] / job.a;
-        break;
-      }
       case Op::kNormal:
+      case Op::kExponential:
+      case Op::kTruncatedNormal:
         break;
     }
     store16<D>(job.out, index + 16 * v, lo, hi, wrap);
@@ -444,32 +485,37 @@ void wide_group(const Job& job, int64_t index, const __m512i words[kGroupVectors
     // A pair per block: u1 from the block's first 64-bit word, u2 from its second.
     const __m512i first = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
     const __m512i second = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
-    for (int v = 0; v < kGroupVectors; v += 4) {
-      __m512d u1[2], u2[2], c[2], s[2];
-      for (int i = 0; i < 2; ++i) {
+    for (int v = 0; v < kGroupVectors; v += 2 * kChains) {
+      Chains u1, u2, c, s;
+      for (int i = 0; i < kChains; ++i) {
         const __m512i a = words[v + 2 * i];
         const __m512i b = words[v + 2 * i + 1];
-        u1[i] = (top53(_mm512_permutex2var_epi64(a, first, b)) + 1.0) * 0x1p-53;
-        u2[i] = top53(_mm512_permutex2var_epi64(a, second, b)) * 0x1p-53;
+        u1.v[i] = (top53(_mm512_permutex2var_epi64(a, first, b)) + 1.0) * 0x1p-53;
+        u2.v[i] = top53(_mm512_permutex2var_epi64(a, second, b)) * 0x1p-53;
       }
-      box_muller_2(u1, u2, c, s);
-      for (int i = 0; i < 2; ++i) {
+      counter_math::box_muller<Chains>(u1, u2, &c, &s);
+      for (int i = 0; i < kChains; ++i) {
         __m512d lo, hi;
-        interleave(job.a + job.b * c[i], job.a + job.b * s[i], &lo, &hi);
+        interleave(job.a + job.b * c.v[i], job.a + job.b * s.v[i], &lo, &hi);
         _mm512_storeu_pd(out + 8 * (v + 2 * i), lo);
         _mm512_storeu_pd(out + 8 * (v + 2 * i) + 8, hi);
       }
     }
     return;
   }
-  if (job.op == Op::kExponential) {
-    for (int v = 0; v < kGroupVectors; v += 2) {
-      const __m512d u[2] = {(top53(words[v]) + 1.0) * 0x1p-53,
-                            (top53(words[v + 1]) + 1.0) * 0x1p-53};
-      __m512d log_u[2];
-      log_2(u, log_u);
-      _mm512_storeu_pd(out + 8 * v, -log_u[0] / job.a);
-      _mm512_storeu_pd(out + 8 * v + 8, -log_u[1] / job.a);
+  if (job.op == Op::kExponential || job.op == Op::kTruncatedNormal) {
+    for (int v = 0; v < kGroupVectors; v += kChains) {
+      Chains x;
+      for (int i = 0; i < kChains; ++i) {
+        x.v[i] = top53(words[v + i]);
+      }
+      const Chains value =
+          job.op == Op::kExponential
+              ? -counter_math::log<Chains>((x + 1.0) * 0x1p-53) / job.a
+              : truncated_normal(job, job.u_low + (job.u_high - job.u_low) * (x * 0x1p-53));
+      for (int i = 0; i < kChains; ++i) {
+        _mm512_storeu_pd(out + 8 * (v + i), value.v[i]);
+      }
     }
     return;
   }
@@ -504,7 +550,7 @@ int64_t fill(const Job& job) {
 }  // namespace
 
 void erfinv_avx512(const double* u, double* out, int64_t count) {
-  counter_math::erfinv_lanes<Pair, counter_math::avx512::Doubles<4>, kErfinvChunk>(u, out, count);
+  counter_math::erfinv_lanes<Chains>(u, out, count);
 }
 
 int64_t fill_avx512(const Job& job) {

@@ -10,7 +10,7 @@
 
 namespace torchdefer::counter_simd {
 
-enum class Op { kUniform, kNormal, kBernoulli, kExponential };
+enum class Op { kUniform, kNormal, kBernoulli, kExponential, kTruncatedNormal };
 enum class Dtype { kFloat, kDouble, kHalf, kBFloat16 };
 
 // Elements [first, first + count) of one random op's output, stored contiguously at `out`.
@@ -22,8 +22,12 @@ struct Job {
   void* out = nullptr;
   uint64_t first = 0;
   int64_t count = 0;
-  double a = 0.0;  // CounterDistributionParams::a
-  double b = 1.0;  // CounterDistributionParams::b
+  double a = 0.0;       // CounterDistributionParams::a
+  double b = 1.0;       // CounterDistributionParams::b
+  double low = 0.0;     // kTruncatedNormal: the bounds,
+  double high = 0.0;    //
+  double u_low = 0.0;   // and erf of the standardized bounds over √2 (counter_math::for_dtype)
+  double u_high = 0.0;  //
   uint64_t seed = 0;
   uint64_t stream = 0;
 };
@@ -31,7 +35,7 @@ struct Job {
 // Whether the CPU and the OS support the AVX-512 kernels (F, DQ, BW and VL).
 bool avx512_available();
 
-// Whether they support the AVX2 kernels.
+// Whether they support the AVX2 kernels (AVX2 and FMA).
 bool avx2_available();
 
 // The most elements one erfinv_* call takes.

@@ -29,7 +29,7 @@ std::optional<double> double_argument(const RecordedNode& node, std::string_view
 // the CPU fill and the CUDA kernel have the same bits, whatever the C library or the GPU. Every
 // element is a function of its index alone, so a slice has the full tensor's bits, and shards of
 // every world size agree. Accuracy (CounterMath tests, against the C library's erf and ATen's
-// float64 erfinv): erf within 5 ulp, erfinv within 8 ulp on (-1, 1).
+// float64 erfinv): erf within 5 ulp, erfinv within 4 ulp on (-1, 1) (2.1 against mpmath).
 
 // Whether the random op `node` has a counter-mode definition: a counter distribution (Note
 // [Counter RNG]) or torchdefer's truncated normal.

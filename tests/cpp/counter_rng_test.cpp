@@ -476,6 +476,100 @@ TEST(CounterRng, TruncatedNormalShardsOfEveryWorldSizeAgree) {
   }
 }
 
+// Digests of counter_fill's bytes in scheme 2, by SchemeTwoBitsAreTheKnownAnswers.
+constexpr const char* kSchemeTwoDigests =
+    "uniform Float 531de77aa6c42c4c 40bf32ab80ab176a\n"
+    "uniform Double 76f767c5baec19ef 3c4319b15983c1c0\n"
+    "uniform Half 8a8d1c347dd0b93f 3b108a5b55acf8de\n"
+    "uniform BFloat16 a67f676a2560e4d9 9e9cd3476a31c620\n"
+    "normal Float eed2d4ca4d7550b8 d609fb2db59b1553\n"
+    "normal Double dd4e0e2d65f730a8 5b57f561258d2dad\n"
+    "normal Half 556081eabe3ece91 c1e6bfd6f4dd85cf\n"
+    "normal BFloat16 a4592ff88042ecc 9b443e286cccb143\n"
+    "bernoulli Float 9038e6af72733cc5 ae06b5520fe3f395\n"
+    "bernoulli Double c990fb6dace63265 98780f8efb11c405\n"
+    "bernoulli Half b2a192471f765c45 d5a9fde90d959e8d\n"
+    "bernoulli BFloat16 33bdb0d506337bf5 f7dc191a75eaf33d\n"
+    "random Float feb618030329ec22 39284c71542c7839\n"
+    "random Double 79a2310dbcfca530 784204269d29ced6\n"
+    "random Long b59204b9f3454430 23f7950d0dce92ce\n"
+    "random Int 273e03f3de66ba20 4a4b504b0972bfde\n"
+    "exponential Float 2ffc0f114a891bd9 485a1b35451f84cf\n"
+    "exponential Double 9119637a88686642 81179dad31bbf87d\n"
+    "exponential Half c1bc1a777f02cde2 a389fe9e95237eec\n"
+    "exponential BFloat16 e073cbfca5238509 39de37f5b7a4b03d\n"
+    "log_normal Float 807e5b27d054e0b9 cbe4be8795d9290\n"
+    "log_normal Double 486ef2d289b0ed40 6beaed3b846a9bd7\n"
+    "log_normal Half 4abfd798c4bcff17 a3ac76f120b07f6\n"
+    "log_normal BFloat16 3dadadde2e2b94df 374dcfc8bad53a07\n"
+    "cauchy Float b8ac2c17f49f2d87 ef6b461736b9b263\n"
+    "cauchy Double f55168702e5db4b2 1c67f87839cadef0\n"
+    "cauchy Half f960b1f9827c144a a64d3e601f54bb1a\n"
+    "cauchy BFloat16 a80c802cc98f86c8 1434a4c1f162d0f2\n"
+    "geometric Float 9f2feb1f0809980b dcc8b47fc591a39b\n"
+    "geometric Double 7a007f035f3730fb d30a1840df618994\n"
+    "geometric Half be345a7968a5050 1652d1057ffb8a4b\n"
+    "geometric BFloat16 3b532c941f7992db 96e47bba55f613ab\n"
+    "trunc_normal Float 998af9fe263b6244 9e3a9f0b5e1fe02d\n"
+    "trunc_normal Double 3051043c281f474e a5fee9e936516423\n"
+    "trunc_normal Half f12afbf9eee48876 7c67b82086150d79\n"
+    "trunc_normal BFloat16 a5c699d281180c94 bceb146a73a4ed42\n"
+    "trunc_normal_wide Float e1accdee10358901 ce209cf7332ccf39\n"
+    "trunc_normal_wide Double 7878392afa04f5fc a0741fb112439b6\n"
+    "trunc_normal_wide Half ff76f60f75cbd8c3 8a8b261df62bc27a\n"
+    "trunc_normal_wide BFloat16 6f1e490cde02bc48 350e6587e91fc12f\n";
+
+// FNV-1a of a tensor's bytes.
+uint64_t digest(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < c.nbytes(); ++i) {
+    h = (h ^ bytes[i]) * 0x100000001b3ull;
+  }
+  return h;
+}
+
+// Note [Counter scheme versions]: the bits of every distribution and dtype, pinned. 1,000
+// elements per fill (vector groups and a scalar tail on every path), and a region that starts
+// and ends mid-block. A change of any bit is a new scheme: bump kCounterSchemeVersion, say what
+// changed in the Note, and pin the new digests here.
+TEST(CounterRng, SchemeTwoBitsAreTheKnownAnswers) {
+  static_assert(kCounterSchemeVersion == 2, "a new counter scheme: pin its bits below");
+  struct Case {
+    const char* name;
+    CounterDistributionParams params;
+    std::vector<c10::ScalarType> dtypes;
+  };
+  CounterDistributionParams random{Distribution::kRandom};
+  random.from = 3;
+  random.range = 1000;
+  const std::vector<c10::ScalarType> floating = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16};
+  const std::vector<Case> cases = {
+      {"uniform", {Distribution::kUniform, -0.3, 0.7}, floating},
+      {"normal", {Distribution::kNormal, 0.5, 2.0}, floating},
+      {"bernoulli", {Distribution::kBernoulli, 0.3}, floating},
+      {"random", random, {at::kFloat, at::kDouble, at::kLong, at::kInt}},
+      {"exponential", {Distribution::kExponential, 1.5}, floating},
+      {"log_normal", {Distribution::kLogNormal, 0.0, 0.5}, floating},
+      {"cauchy", {Distribution::kCauchy, 0.0, 1.0}, floating},
+      {"geometric", {Distribution::kGeometric, 0.2}, floating},
+      {"trunc_normal", truncated_normal(0.0, 1.0, -2.0, 2.0), floating},
+      {"trunc_normal_wide", truncated_normal(0.0, 0.02, -2.0, 2.0), floating},
+  };
+  std::string digests;
+  for (const Case& c : cases) {
+    for (const c10::ScalarType dtype : c.dtypes) {
+      const at::Tensor whole = filled({1000}, dtype, c.params, 0x5eed, 11);
+      at::Tensor region = torch::empty({5, 37}, dtype);
+      counter_fill(region, c.params, 0x5eed, 11, {std::vector<int64_t>{9, 41}, {3, 2}});
+      digests += std::string(c.name) + " " + std::string(c10::toString(dtype)) + " " +
+                 c10::str(std::hex, digest(whole), " ", digest(region)) + "\n";
+    }
+  }
+  EXPECT_EQ(digests, kSchemeTwoDigests);
+}
+
 // CounterRng.Capability.* runs this again with TORCHDEFER_CPU_CAPABILITY set
 // (tests/CMakeLists.txt).
 TEST(CounterRng, CpuCapabilityNamesTheKernelsInUseWithinTheCap) {

@@ -367,6 +367,20 @@ def test_trunc_normal_shards_are_computed_alone_in_counter_mode_and_agree():
         assert bitwise_equal(torch.cat(parts), full.layers[0].weight), world
 
 
+def test_stats_name_the_counter_scheme_of_each_tensor_computed_in_counter_mode():
+    # Note [Counter scheme versions]: the version names the bits a counter-mode tensor has.
+    version = torchdefer._C.counter_scheme_version()
+    assert version >= 2
+    counter = torchdefer.materialize_module(torchdefer.deferred_init(torch.nn.Linear, 4, 3),
+                                            rng="counter")
+    assert [s["counter_scheme"] for s in counter] == [version, version]
+    sharded = torchdefer.materialize_module(torchdefer.deferred_init(torch.nn.Linear, 4, 3),
+                                            shard=torchdefer.Shard(0, 2))
+    assert all(s["counter_scheme"] == version for s in sharded), sharded
+    eager_bits = torchdefer.materialize_module(torchdefer.deferred_init(torch.nn.Linear, 4, 3))
+    assert [s["counter_scheme"] for s in eager_bits] == [0, 0]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_counter_mode_trunc_normal_has_the_truncated_normal_distribution(dtype):
     class Truncated(torch.nn.Module):

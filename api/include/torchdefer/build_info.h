@@ -12,6 +12,10 @@ namespace torchdefer {
 // or "scalar", chosen from the CPU at run time and capped by TORCHDEFER_CPU_CAPABILITY.
 TORCHDEFER_API std::string counter_fill_cpu_capability();
 
+// The version of the counter scheme this build's counter mode computes (Note [Counter scheme
+// versions]): the same version gives the same counter-mode weights.
+TORCHDEFER_API int counter_scheme_version();
+
 // Whether the CUDA counter fill is compiled in, so that counter mode fills CUDA tensors on the
 // GPU; without it they are filled on the CPU and copied.
 TORCHDEFER_API bool has_cuda_kernels();

@@ -50,6 +50,8 @@ struct TensorStats {
   int64_t bytes_kept = 0;       // bytes it holds now
   std::string source = "init";  // "checkpoint" when read from MaterializeOptions::checkpoint,
                                 // "init" when computed from the recording
+  int counter_scheme = 0;       // computed in counter mode: the counter scheme's version (Note
+                                // [Counter scheme versions]); 0 otherwise
 };
 
 struct MaterializeStats {

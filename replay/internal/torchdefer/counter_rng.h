@@ -40,12 +40,34 @@ namespace torchdefer {
 //    imaginary (e odd) part, and normal's std is std/√2, so that the complex value has variance
 //    std², as eager's does. A shard's box of a complex tensor is then the same box of that view.
 //
-// Every step is IEEE + − × ÷ and sqrt, exact bit operations, and torchdefer's own log, exp,
-// sincos, erf and erfinv built from those (counter_math below), compiled with FP contraction off
-// (-ffp-contract=off, and -fmad=false for nvcc). So the bits do not depend on the C library, the
-// CPU, the GPU or the compiler's fusing of multiply-adds: the CPU fill, its vector kernels and
-// the CUDA kernel share one definition (replay/src/counter_math.h), and have the same bits. A
+// Every step is IEEE + − × ÷, sqrt and fused multiply-add, exact bit operations, and
+// torchdefer's own log, exp, sincos, erf and erfinv built from those (counter_math below),
+// compiled with FP contraction off (-ffp-contract=off, and -fmad=false for nvcc), so that the
+// compiler fuses no multiply-add the definition does not write. So the bits do not depend on the
+// C library, the CPU, the GPU or the compiler: the CPU fill, its vector kernels and the CUDA
+// kernel share one definition (replay/src/counter_math.h), and have the same bits. A
 // NaN result is stored as the x86 default NaN (negative, quiet) on every device.
+
+// Note [Counter scheme versions]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Counter mode promises the same weights for every world size and layout, and across releases
+// as long as its scheme is the same: the version below names the bits, and changes whenever any
+// element of any distribution changes. materialize_module reports it per tensor
+// (TensorStats::counter_scheme, "counter_scheme" in Python), `python -m torchdefer` prints it,
+// and counter_rng_test.cpp pins the bits of every distribution and dtype (known answers) to it.
+//  * 1: the scheme of Note [Counter RNG] with Halley-step erfinv, series without fused
+//    multiply-adds, and explicit generators keyed by op index like the default generator.
+//  * 2 (issue 30): the per-element cost of counter mode at the machine's speed.
+//    - erfinv is a·g(w), w = −ln(1 − a²), g one of three polynomials (counter_math.h), within
+//      2.1 ulp of the true value, tens of operations instead of four Halley steps on a series
+//      of 27 divisions: the truncated normal's bits change (it is faster than eager's).
+//    - Every polynomial and series step is a fused multiply-add (log, exp, sincos, erfinv),
+//      one rounding instead of two: the bits of normal, log-normal, exponential, Cauchy,
+//      geometric and the truncated normal change by an ulp here and there; uniform, bernoulli
+//      and random keep theirs.
+//    - A random op given its own generator is keyed by that generator's state (Note [Counter
+//      keys of explicit generators]).
+constexpr int kCounterSchemeVersion = 2;
 
 // One Philox4x32-10 block.
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
