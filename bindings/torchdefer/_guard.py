@@ -33,19 +33,11 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch.utils.hooks import RemovableHandle
 
-import torchdefer
-from torchdefer import _C, _module_tree, _recording
+from torchdefer import _C, _dtensor, _module_tree, _recording
 
 # module -> its qualified name in the module deferred_init returned ("" for that module itself).
 _guarded: "_module_tree.WeakModuleMap[str]" = _module_tree.WeakModuleMap()
 _handle: Optional[RemovableHandle] = None
-_INTERNALS = frozenset({"_parameters", "_buffers", "_modules"})
-
-
-def guard(result: Any) -> None:
-    """Guards ``result`` and every module in it, if it is a module (deferred_init's return value)."""
-    if isinstance(result, torch.nn.Module):
-        guard_named(_module_tree.named_modules(result))
 
 
 def guard_named(named: List[Tuple[str, torch.nn.Module]]) -> None:
@@ -91,7 +83,7 @@ def _guarded_module(module: torch.nn.Module) -> Tuple[Optional[str], bool]:
 
 
 def _is_fake(tensor: torch.Tensor) -> bool:
-    data = torchdefer._data_of(tensor)  # a DTensor's local shard (FSDP2, tensor parallel)
+    data = _dtensor.local_of(tensor)  # a DTensor's local shard (FSDP2, tensor parallel)
     return _C.is_fake(data) or _C._is_neither_real_nor_fake(data)
 
 
@@ -100,7 +92,7 @@ def _own_fakes(module: torch.nn.Module) -> List[str]:
     names = [n for n, p in module.named_parameters(recurse=False) if _is_fake(p)]
     names += [n for n, b in module.named_buffers(recurse=False) if _is_fake(b)]
     for attribute, value in vars(module).items():
-        if attribute in _INTERNALS:
+        if attribute in _module_tree.MODULE_INTERNALS:
             continue
         if isinstance(value, torch.Tensor):
             values = [value]
