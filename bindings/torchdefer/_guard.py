@@ -88,19 +88,12 @@ def _is_fake(tensor: torch.Tensor) -> bool:
 
 
 def _own_fakes(module: torch.nn.Module) -> List[str]:
-    """The names, in ``module``, of its own fake tensors (not its children's)."""
-    names = [n for n, p in module.named_parameters(recurse=False) if _is_fake(p)]
-    names += [n for n, b in module.named_buffers(recurse=False) if _is_fake(b)]
-    for attribute, value in vars(module).items():
-        if attribute in _module_tree.MODULE_INTERNALS:
-            continue
-        if isinstance(value, torch.Tensor):
-            values = [value]
-        elif isinstance(value, (list, tuple, dict)):
-            values = value.values() if isinstance(value, dict) else value
-        else:
-            continue
-        if any(isinstance(v, torch.Tensor) and _is_fake(v) for v in values):
+    """The names, in ``module``, of its own fake tensors (not its children's): parameters, buffers
+    and the attributes that hold one (Note [Walking a module])."""
+    names: List[str] = []
+    for name, tensor, _ in _module_tree.tensors([("", module)]):
+        attribute = name.split("[", 1)[0]  # an attribute's list, tuple or dict by the attribute
+        if _is_fake(tensor) and attribute not in names:
             names.append(attribute)
     return names
 

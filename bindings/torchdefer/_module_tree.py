@@ -34,7 +34,7 @@ V = TypeVar("V")
 Entry = Tuple[str, torch.Tensor, bool]
 CheckFn = Callable[[torch.nn.Module], bool]
 
-MODULE_INTERNALS = frozenset({"_parameters", "_buffers", "_modules"})
+_MODULE_INTERNALS = frozenset({"_parameters", "_buffers", "_modules"})
 
 
 def named_modules(
@@ -174,7 +174,7 @@ def tensors(named: Iterable[Tuple[str, torch.nn.Module]], buffers_only: bool = F
             owned.extend((prefix + n, p, True) for n, p in m.named_parameters(recurse=False))
         owned.extend((prefix + n, b, False) for n, b in m.named_buffers(recurse=False))
         for attribute, value in vars(m).items():
-            if attribute not in MODULE_INTERNALS:
+            if attribute not in _MODULE_INTERNALS:
                 _attribute_tensors(prefix + attribute, value, held, containers)
     return owned + held
 
