@@ -1,5 +1,5 @@
 """What handing out the fakes computed after deferred_init returned costs (Note [Fakes computed after
-deferred_init returned] in bindings/torchdefer/_after_return.py).
+deferred_init returned] in bindings/torchdefer/_stand_ins.py).
 
 A torchtitan-style Llama-70B (80 layers, dim 8192, 64 heads, 8 KV heads, FFN 28672, vocab 128256)
 is recorded, then its ``init_weights()`` (``trunc_normal_`` on every weight, ``ones_`` on every norm,
@@ -18,7 +18,7 @@ import timeit
 import torch
 import torchdefer
 from torch import nn
-from torchdefer import _after_return
+from torchdefer import _stand_ins
 
 DIM, LAYERS, HEADS, KV_HEADS, FFN, VOCAB = 8192, 80, 64, 8, 28672, 128256
 
@@ -64,12 +64,12 @@ class Transformer(nn.Module):
         nn.init.trunc_normal_(self.output.weight, mean=0.0, std=DIM**-0.5, a=-cutoff, b=cutoff)
 
 
-CHECKED = _after_return._hand_out_results
+CHECKED = _stand_ins._hand_out_results
 VARIANTS = {"with the check": CHECKED, "without (results plain)": lambda result: None}
 
 
 def init_weights_seconds(variant) -> float:
-    _after_return._hand_out_results = variant
+    _stand_ins._hand_out_results = variant
     torch.manual_seed(0)
     model = torchdefer.deferred_init(Transformer)
     start = time.perf_counter()
@@ -97,11 +97,11 @@ def main() -> None:
 
     p = torchdefer.deferred_init(nn.Linear, 64, 64).weight
     for name, variant in list(VARIANTS.items()) * 2:
-        _after_return._hand_out_results = variant
+        _stand_ins._hand_out_results = variant
         op = min(timeit.repeat(lambda: p * 2, number=2000, repeat=5)) / 2000
         shape = min(timeit.repeat(lambda: p.shape, number=20000, repeat=5)) / 20000
         print(f"{name}: p * 2 {op * 1e6:.1f} us/call, p.shape {shape * 1e6:.2f} us/call")
-    _after_return._hand_out_results = CHECKED
+    _stand_ins._hand_out_results = CHECKED
     fake = p * 2
 
     def check_and_undo():

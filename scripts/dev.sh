@@ -17,7 +17,7 @@ readonly APT_PACKAGES=(cmake g++ ninja-build ccache clang-format libgtest-dev li
 # torch >= 2.1) can pull another torch. lightning: tests/python/test_integrations.py.
 readonly PIP_PACKAGES=(torch==2.13.0 pytest==9.0.3 hypothesis==6.155.2 transformers==5.23.0
                        matplotlib==3.11.2 accelerate==1.15.0 lightning==2.6.6
-                       scikit-build-core==1.1.2)
+                       scikit-build-core==1.1.2 ruff==0.17.6 mypy==2.4.1)
 # ccache rewrites paths inside the checkout relative to the compiler's working directory, so that
 # a build folder at the same depth as build/ compiles with build/'s commands (Note [The wheel in CI]).
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(pwd)}"
@@ -87,6 +87,18 @@ check_format() {
   clang-format --dry-run --Werror "${files[@]}"
 }
 
+# ruff lints the package; mypy checks its public modules against _C.pyi, in build/python, where
+# the package is assembled (its _build_info.py is generated). Their settings: pyproject.toml.
+check_python() {
+  local root
+  root=$(pwd)
+  log "checking Python (ruff, mypy)"
+  python3 -m ruff check --no-cache
+  (cd "$BUILD_DIR/python" && python3 -m mypy --config-file "$root/pyproject.toml" \
+    --cache-dir "$root/$BUILD_DIR/mypy-cache" torchdefer/__init__.py torchdefer/compat.py \
+    torchdefer/distributed.py torchdefer/__main__.py)
+}
+
 run_cpp_tests() {
   log "C++ tests (ctest)"
   ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
@@ -145,6 +157,7 @@ main() {
       install_pip_packages
       build
       check_format
+      check_python
       run_cpp_tests
       test_wheel
       ;;

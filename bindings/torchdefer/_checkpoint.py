@@ -25,14 +25,12 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 import torch
 
-from torchdefer import _C, _dcp
-
-Checkpoint = Any  # str | os.PathLike | Mapping[str, torch.Tensor]
+from torchdefer import _C, _dcp, _module_tree
 
 _DCP_METADATA = ".metadata"
 
 
-def open_checkpoint(checkpoint: Checkpoint) -> Any:
+def open_checkpoint(checkpoint: Any) -> Any:
     """The C++ reader for ``checkpoint`` (Note [Checkpoint sources])."""
     if isinstance(checkpoint, Mapping):
         return _mapping_reader(checkpoint)
@@ -73,11 +71,11 @@ def _mapping_reader(mapping: Mapping[str, Any]) -> Any:
     return _C._python_checkpoint(tensors, read)
 
 
-def module_entries(module: torch.nn.Module, walk: Any) -> List[Tuple[str, torch.Tensor, bool]]:
+def module_entries(module: torch.nn.Module) -> List[Tuple[str, torch.Tensor, bool]]:
     """Every tensor of ``module`` under every name it has (tied ones, real ones and those a
     check_fn skips included), for the checks (Note [Checking a checkpoint first] in
-    api/src/checkpoint_plan.cpp). ``walk`` is the package's module walk."""
-    entries = [(name, p, True) for name, p in module.named_parameters(remove_duplicate=False)]
-    entries += [(name, b, False) for name, b in module.named_buffers(remove_duplicate=False)]
-    entries += [e for e in walk(module, None, False) if not e[2]]
+    api/src/checkpoint_plan.cpp): its parameters, its buffers, then what Note [Walking a module]
+    finds that is not a parameter."""
+    entries = _module_tree.parameters_and_buffers(module, remove_duplicate=False)
+    entries += [e for e in _module_tree.tree_tensors(module) if not e[2]]
     return entries

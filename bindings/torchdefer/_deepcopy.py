@@ -32,7 +32,7 @@ Note [Deep copies after deferred_init returned]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Training code deep-copies a model it has built to make an EMA or teacher model, before
 materializing it: ``m = deferred_init(...); ema = copy.deepcopy(m)``. The fakes deferred_init handed
-out (Note [Handed-out fakes after deferred_init], ``_after_return.py``) copy themselves the same
+out (Note [Handed-out fakes after deferred_init], ``_stand_ins.py``) copy themselves the same
 way: a buffer's ``__deepcopy__`` reaches their ``__torch_function__``, which builds the copy here
 from ops recorded into the original's recording (torch's own copy would read a storage the fake
 does not have), and a parameter's is torch's clone. Each copy is handed out in turn, so the copy
@@ -77,11 +77,11 @@ from __future__ import annotations
 import copy
 import sys
 import types
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from torchdefer import _C
+from torchdefer import _C, _module_tree
 
 _RECONSTRUCT = copy._reconstruct.__code__
 
@@ -146,24 +146,22 @@ def _module_being_copied(frame: Optional[types.FrameType]) -> Optional[torch.nn.
     return outermost
 
 
-def copy_held_fakes(memo: Dict[Any, Any]) -> None:
+def copy_held_fakes(memo: Dict[Any, Any]) -> List[torch.Tensor]:
     """Makes, into ``memo``, the deferred copies of the recorded fakes that the module being
     deep-copied holds as plain ``torch.Tensor`` attributes, so that the copy finds them there
     instead of running torch's copy, which reads their storage (Note [Deep copies after
-    deferred_init returned]). Once per module and deepcopy call; it changes nothing outside one."""
+    deferred_init returned]); returns them, for the caller to hand out. Once per module and
+    deepcopy call; it changes nothing outside one."""
     root = _module_being_copied(sys._getframe(1))
     key = ("torchdefer.held fakes", id(root))
     if root is None or key in memo:
-        return
+        return []
     memo[key] = True
-    import torchdefer  # the package imports this module: no cycle at import time
-
-    from torchdefer import _after_return
-
-    for _, tensor, _ in torchdefer._module_tensors(root, None, False):
+    copies = []
+    for _, tensor, _ in _module_tree.tree_tensors(root):
         if (type(tensor) is not torch.Tensor or id(tensor) in memo or not tensor.is_leaf
                 or not _C.can_materialize(tensor)):
             continue  # handed out (copies itself), copied already, or torch's copy (which refuses)
-        copied = deepcopy(torch.Tensor.__deepcopy__, (tensor, memo), {})
+        copies.append(deepcopy(torch.Tensor.__deepcopy__, (tensor, memo), {}))
         memo.setdefault(id(memo), []).append(tensor)  # its id stays its own, as copy keeps it
-        _after_return.hand_out_tensor(copied)
+    return copies

@@ -9,7 +9,7 @@ Note [DTensor parameters of a deferred model]
 a DTensor whose local tensor is a fake made inside DTensor's ``__torch_dispatch__``, below the key
 that records: an unrecorded fake, which nothing can materialize. What can be materialized is the
 parameter the model recorded, the *global* tensor. So ``deferred_init`` remembers, for every
-module of its result, the fakes it holds as parameters and buffers (``remember``), and
+module of its result, the fakes it holds as parameters and buffers (``remember_own``), and
 materializing a DTensor named ``name`` of a module computes that module's remembered ``name`` by
 region replay over the box this rank holds (``local_box``): the DTensor's placements applied to
 its global shape at this rank's mesh coordinate. The result becomes the DTensor's local tensor
@@ -49,12 +49,11 @@ the DTensor's local shape, which catches a placement we would read differently f
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-import torchdefer
-from torchdefer import _C, _after_return, _module_tree
+from torchdefer import _C, _module_tree
 
 # (start, stop) ranges of global indices along one dimension, in the local tensor's order.
 Ranges = List[Tuple[int, int]]
@@ -63,22 +62,6 @@ _MIN_TORCH = (2, 6)  # the DTensor and FSDP2 attributes read here exist from 2.6
 
 # For every module of a deferred_init result: {parameter or buffer name: the fake it held}.
 _remembered: "_module_tree.WeakModuleMap[Dict[str, torch.Tensor]]" = _module_tree.WeakModuleMap()
-
-
-def remember(result: Any) -> None:
-    """Remembers the fakes the modules in ``result`` (a module, or lists, tuples and dicts of
-    them) hold, for DTensors that replace them later (Note [DTensor parameters of a deferred
-    model])."""
-    pending = [result]
-    while pending:
-        value = pending.pop()
-        if isinstance(value, (list, tuple)):
-            pending.extend(value)
-        elif isinstance(value, dict):
-            pending.extend(value.values())
-        elif isinstance(value, torch.nn.Module):
-            for module in _module_tree.modules(value):
-                remember_own(module)
 
 
 def remember_own(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
@@ -385,41 +368,22 @@ def _check_global(name: str, dtensor: Any, global_fake: torch.Tensor) -> None:
         )
 
 
-def materialize_module(
-    module, device, shard, rng, check_fn, buffers_only, counter_seed, progress, loading=None
-):
-    """torchdefer.materialize_module for a module holding DTensors: their placements say what
-    each rank computes, so ``shard``, ``check_fn`` and ``buffers_only`` do not apply. ``loading``
-    holds the checkpoint arguments (docs/checkpoints.md): a DTensor's box is read from it."""
-    for argument, value in (("shard", shard), ("check_fn", check_fn), ("buffers_only", buffers_only or None)):
-        if value is not None:
-            raise ValueError(
-                f"torchdefer.materialize_module: {argument} does not apply to a module holding DTensors "
-                "(their placements say what each rank computes); drop it"
-            )
-    return materialize(
-        module, device=device, rng=rng, counter_seed=counter_seed, progress=progress, loading=loading
-    )
+Boxes = Dict[str, Tuple[List[int], List[int]]]
+# run(entries, regions, module_entries) -> stats: ``_materialize.py``'s one call of the C++
+# orchestrator, all or nothing; ``module_entries`` are what a checkpoint's checks see.
+Run = Callable[[List[_module_tree.Entry], Boxes, List[_module_tree.Entry]], List[Dict[str, Any]]]
 
 
-def materialize(
-    module: torch.nn.Module,
-    *,
-    device: torchdefer.DeviceLike = None,
-    rng: Optional[str] = None,
-    counter_seed: Optional[int] = None,
-    progress: Any = None,
-    loading: Optional[Dict[str, Any]] = None,
-) -> List[Dict[str, Any]]:
-    """Materializes ``module``, whose tree holds DTensors with fake local tensors: each DTensor's
-    local tensor on this rank alone (Note [DTensor parameters of a deferred model]), and every
-    other fake whole, in one all-or-nothing call, in counter mode unless ``rng="torch"``."""
+def materialize(module: torch.nn.Module, run: Run) -> List[Dict[str, Any]]:
+    """Materializes ``module``, whose tree holds DTensors with fake local tensors, with ``run``:
+    each DTensor's local tensor on this rank alone (Note [DTensor parameters of a deferred
+    model]), and every other fake whole, in one all-or-nothing call."""
     _check_torch()
-    rng = "counter" if rng is None else rng
-    torchdefer._check_options(None, rng, None, counter_seed, progress)
     targets = _targets(module)
     fsdp = _fsdp_params(module)
-    entries, regions, listed = [], {}, set()
+    entries: List[_module_tree.Entry] = []
+    regions: Boxes = {}
+    listed = set()
     for target in targets:
         if id(target.global_fake) in listed:
             continue
@@ -427,29 +391,17 @@ def materialize(
         entries.append((target.name, target.global_fake, isinstance(target.dtensor, torch.nn.Parameter)))
         if target.box is not None:
             regions[target.name] = target.box
-    entries += torchdefer._named_tensors(module, None, False)
-    loading = dict(loading or {})
-    if loading:
-        # The checks see each DTensor as the global tensor it was recorded as, under every name.
-        names = {t.name for t in targets}
-        loading["module_entries"] = [
-            (t.name, t.global_fake, isinstance(t.dtensor, torch.nn.Parameter)) for t in targets
-        ] + [e for e in entries if e[0] not in names]
-    with torchdefer._progress_callback(progress, "tensor") as callback:
-        stats = _after_return.materialize_named(
-            entries,
-            torchdefer._target_device(device),
-            rng,
-            counter_seed,
-            None,
-            regions,
-            progress=callback,
-            **loading,
-        )
+    entries += _module_tree.to_materialize(_module_tree.tree_tensors(module))
+    # A checkpoint's checks see each DTensor as the global tensor it was recorded as, under every name.
+    names = {t.name for t in targets}
+    module_entries = [
+        (t.name, t.global_fake, isinstance(t.dtensor, torch.nn.Parameter)) for t in targets
+    ] + [e for e in entries if e[0] not in names]
+    stats = run(entries, regions, module_entries)
     # Each computed global is this rank's part alone and becomes the local tensor (for FSDP2, its
     # buffer; an uneven shard is copied into a padded one). Every other reference to it (the
     # entries, the remembered fakes, the target) is dropped first.
-    del entries
+    del entries, module_entries
     for submodule in _module_tree.modules(module):
         _remembered.pop(submodule, None)
     while targets:

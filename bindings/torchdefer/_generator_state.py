@@ -24,8 +24,9 @@ process's, Note [The owed generator's mark]), at eager's cost: the setters repla
 which makes those draws moot, so they apply this thread's plain draws and leave the generator
 owed (marked, so that even a reseed to the recording's starting seed is seen as a change). With
 nothing pending the wrapper only adds the call. The wrappers are installed by the first scope to
-open and removed by the last to close (a count under a lock), as the module registration hooks of Note [deferred() is deferred_init
-without a callable] are; another thread sees them, and they call torch's own function for it.
+open and removed by the last to close (a count under a lock), as the module registration hooks
+of Note [deferred() is deferred_init without a callable] are; another thread sees them, and they
+call torch's own function for it.
 
 Not seen: ``torch.default_generator.get_state()`` called directly, references to these functions
 taken before the recording started (``from torch import get_rng_state`` at import), and C++ code;

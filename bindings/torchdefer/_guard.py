@@ -33,19 +33,11 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch.utils.hooks import RemovableHandle
 
-import torchdefer
-from torchdefer import _C, _module_tree, _recording
+from torchdefer import _C, _dtensor, _module_tree, _recording
 
 # module -> its qualified name in the module deferred_init returned ("" for that module itself).
 _guarded: "_module_tree.WeakModuleMap[str]" = _module_tree.WeakModuleMap()
 _handle: Optional[RemovableHandle] = None
-_INTERNALS = frozenset({"_parameters", "_buffers", "_modules"})
-
-
-def guard(result: Any) -> None:
-    """Guards ``result`` and every module in it, if it is a module (deferred_init's return value)."""
-    if isinstance(result, torch.nn.Module):
-        guard_named(_module_tree.named_modules(result))
 
 
 def guard_named(named: List[Tuple[str, torch.nn.Module]]) -> None:
@@ -91,24 +83,17 @@ def _guarded_module(module: torch.nn.Module) -> Tuple[Optional[str], bool]:
 
 
 def _is_fake(tensor: torch.Tensor) -> bool:
-    data = torchdefer._data_of(tensor)  # a DTensor's local shard (FSDP2, tensor parallel)
+    data = _dtensor.local_of(tensor)  # a DTensor's local shard (FSDP2, tensor parallel)
     return _C.is_fake(data) or _C._is_neither_real_nor_fake(data)
 
 
 def _own_fakes(module: torch.nn.Module) -> List[str]:
-    """The names, in ``module``, of its own fake tensors (not its children's)."""
-    names = [n for n, p in module.named_parameters(recurse=False) if _is_fake(p)]
-    names += [n for n, b in module.named_buffers(recurse=False) if _is_fake(b)]
-    for attribute, value in vars(module).items():
-        if attribute in _INTERNALS:
-            continue
-        if isinstance(value, torch.Tensor):
-            values = [value]
-        elif isinstance(value, (list, tuple, dict)):
-            values = value.values() if isinstance(value, dict) else value
-        else:
-            continue
-        if any(isinstance(v, torch.Tensor) and _is_fake(v) for v in values):
+    """The names, in ``module``, of its own fake tensors (not its children's): parameters, buffers
+    and the attributes that hold one (Note [Walking a module])."""
+    names: List[str] = []
+    for name, tensor, _ in _module_tree.tensors([("", module)]):
+        attribute = name.split("[", 1)[0]  # an attribute's list, tuple or dict by the attribute
+        if _is_fake(tensor) and attribute not in names:
             names.append(attribute)
     return names
 

@@ -12,7 +12,8 @@ fake (one ``_C.is_fake`` test), or for ``deepcopy`` and unpickling of any tensor
 thread that has one of them open (a thread-local list, so threads a recording starts, and every
 other thread, get torch's behaviour); otherwise it calls torch's own object, handing a tensor
 subclass's or torch-function mode's ``__torch_function__`` torch's own object as ``func``, as
-torch does (``torch.overrides.handle_torch_function``). The stand-ins:
+torch does (``torch.overrides.handle_torch_function``). The stand-ins, the ``recording`` column
+of the one table of stand-ins in ``_stand_ins.py`` (Note [One table of stand-ins]):
 
 * ``torch.Tensor.__repr__``: ``repr``/``str``/``format`` of a fake describe it (shape, dtype,
   device, "fake") instead of reading values it does not have (``__format__`` of a fake with
@@ -107,8 +108,8 @@ Torch's C++ layer skips that call for a device type it considers initialized
 (``torch::utils::set_requires_device_init``, a process-wide flag). Where CUDA is unavailable,
 CUDA is marked initialized while a recording or fake mode is open (the first to open clears the
 flag, the last to close sets it again; a handed-out fake's ``new_tensor`` counts as one for its
-call, so that it never sets the flag under a recording on another thread), instead of replacing
-``torch.cuda._lazy_init``. Another
+call, so that it never sets the flag under a recording on another thread; ``_cuda_init.py``),
+instead of replacing ``torch.cuda._lazy_init``. Another
 thread that asks for a real CUDA tensor during that window, on a machine without CUDA, gets the
 dispatcher's error ("Could not run ... with arguments from the 'CUDA' backend") instead of
 torch's "Torch not compiled with CUDA enabled"; its call fails either way. Where CUDA is
@@ -118,7 +119,7 @@ Outside (after ``deferred_init`` returned, after ``fake_mode`` exited, on other 
 own methods run on fakes. The fakes deferred_init hands out, and the fakes computed from them,
 keep ``repr``, ``new``/``new_tensor``, the reads and ``trunc_normal_`` until they are real,
 through a class of their own (Note [Handed-out fakes after deferred_init] in
-``_after_return.py``), which uses this module's handlers and :func:`runs_trunc_normal`. Other
+``_stand_ins.py``), the table's ``handed_out`` column. Other
 fakes (``fake_mode``'s, those held only as plain attributes): ``repr`` raises torch's value read
 error, which says how to print one (docs/python.md), and ``tolist``/``numpy``/``new_tensor`` raise
 the fake's "no data" error. ``torchdefer.describe(t)`` describes a fake anywhere.
@@ -126,159 +127,20 @@ the fake's "no data" error. ``torchdefer.describe(t)`` describes a fake anywhere
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import sys
 import threading
-import types
-import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.utils._device
 
-from torchdefer import _C, _deepcopy
+from torchdefer import _cuda_init, _stand_ins
 
-_TensorBase = torch._C.TensorBase
-_DATA = _TensorBase.__dict__["data"]
-_SAMPLER = torch.nn.init._no_grad_trunc_normal_
-_SAMPLER_CODE = _SAMPLER.__code__
-_REBUILD_TENSOR = torch._utils._rebuild_tensor
-# Real: made at import, outside any recording (Note [Loading real tensors while recording]).
-_REAL_EMPTY = torch.empty(0)
+_GETSET_DESCRIPTOR = type(torch._C.TensorBase.__dict__["data"])
 _has_torch_function_unary = torch._C._has_torch_function_unary
 _handle_torch_function = torch.overrides.handle_torch_function
-
-
-def fake_repr(tensor: torch.Tensor) -> str:
-    """What ``repr`` prints for a fake while recording or faking: shape, dtype, device, "fake"."""
-    return f"FakeTensor({_C.describe(tensor)}, requires_grad={tensor.requires_grad})"
-
-
-def _with_values(data: Any) -> Any:
-    """``data`` (a tensor, or lists and tuples of them, nested) with every fake replaced by its
-    values, read as ``item()`` reads them."""
-    if isinstance(data, torch.Tensor):
-        return _C.read_values(data) if _C.is_fake(data) else data
-    if isinstance(data, (list, tuple)):
-        # Plain lists, which torch reads as it reads any sequence: a tuple subclass (a namedtuple)
-        # cannot be rebuilt from one iterable.
-        return [_with_values(item) for item in data]
-    return data
-
-
-def _holds_fake(data: Any) -> bool:
-    if isinstance(data, torch.Tensor):
-        return _C.is_fake(data)
-    if isinstance(data, (list, tuple)):
-        return any(_holds_fake(item) for item in data)
-    return False
-
-
-# The handlers below take (func, args, kwargs), func being torch's own method; _after_return.py's
-# class calls them too.
-
-
-def _read(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
-    self = args[0]
-    if not _C.is_fake(self):
-        return func(*args, **kwargs)
-    # requires_grad kept, so that numpy() refuses (or, with force=True, accepts) as in eager.
-    values = _C.read_values(self).requires_grad_(self.requires_grad)
-    return func(values, *args[1:], **kwargs)
-
-
-def _new_tensor_of(self: torch.Tensor, data: Any, dtype=None, device=None, requires_grad=False):
-    # A tensor itself is copied through the dispatcher (recorded); only sequences are read.
-    data = data if isinstance(data, torch.Tensor) else _with_values(data)
-    values = torch.tensor(data, dtype=self.dtype if dtype is None else dtype)
-    # Made from `self` by dispatcher ops, so that the result belongs to `self`'s recording also
-    # after deferred_init returned (Note [Handed-out fakes after deferred_init], _after_return.py).
-    device = self.device if device is None else device
-    made = self.new_empty(values.shape, dtype=values.dtype, device=device)
-    made.copy_(values)
-    return made.requires_grad_(requires_grad)
-
-
-def _new_tensor(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
-    if not _C.is_fake(args[0]):
-        return func(*args, **kwargs)
-    return _new_tensor_of(*args, **kwargs)
-
-
-def _new(func: Callable, args: tuple, kwargs: Dict[str, Any]) -> Any:
-    self, sizes = args[0], args[1:]
-    if not _C.is_fake(self):
-        return func(*args, **kwargs)
-    device = kwargs.get("device") or self.device
-    if len(sizes) == 1 and isinstance(sizes[0], torch.Size):
-        sizes = tuple(sizes[0])
-    if all(isinstance(size, int) for size in sizes):
-        return self.new_empty(tuple(sizes) if sizes else (0,), dtype=self.dtype, device=device)
-    not_data = (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)
-    if len(sizes) == 1 and not isinstance(sizes[0], not_data):
-        # Data as torch takes it: any sequence (a list, a range, an array), by Python's sequence
-        # test; for anything else (a float), eager's own TypeError, which eager code may catch.
-        if not hasattr(type(sizes[0]), "__getitem__") or isinstance(sizes[0], dict):
-            raise TypeError(f"new(): data must be a sequence (got {type(sizes[0]).__name__})")
-        return _new_tensor_of(self, sizes[0], device=device)
-    # A RuntimeError, never a TypeError that library code may catch (Note [Refusals are
-    # RuntimeErrors], core/src/fake_fallback.cpp).
-    raise RuntimeError(
-        "torchdefer: Tensor.new(tensor or storage) is not supported on a fake "
-        f"({_C.describe(self)}); use new_tensor(data), new_empty(sizes) or the tensor itself"
-    )
-
-
-def _refuse_fake_into_real(self: torch.Tensor, value: Any) -> None:
-    """``self.data = value``: refused when it would put a fake into a real tensor."""
-    if isinstance(value, torch.Tensor) and _C.is_fake(value) and not _C.is_fake(self):
-        raise RuntimeError(
-            f"torchdefer: `.data = fake` on a real tensor ({tuple(self.shape)}, {self.dtype}, "
-            f"{self.device}) would leave it neither real nor fake: it would carry the fake "
-            f"{_C.describe(value)} without being one, and could be neither read nor materialized. "
-            "Build the parameter from the fake instead (`module.weight = nn.Parameter(t)`), or "
-            "create it under deferred_init so that it is fake too."
-        )
-
-
-def _run_trunc_normal(tensor: torch.Tensor, mean: float, std: float, a: float, b: float,
-                      generator: Optional[torch.Generator], stacklevel: int) -> None:
-    """Runs a trunc_normal_ call as one torchdefer::trunc_normal_ (Note [What recording changes,
-    and where]); ``stacklevel`` points the warning at the caller of ``trunc_normal_``."""
-    if mean < a - 2 * std or mean > b + 2 * std:
-        warnings.warn(
-            "mean is more than 2 std from [a, b] in nn.init.trunc_normal_. "
-            "The distribution of values may be incorrect.",
-            stacklevel=stacklevel + 1,
-        )
-    with torch.no_grad():
-        torch.ops.torchdefer.trunc_normal_(tensor, mean, std, a, b, generator=generator)
-
-
-def runs_trunc_normal(caller: types.FrameType) -> bool:
-    """Whether an ``is_meta`` read that ``caller`` made is the first look of torch's trunc_normal_
-    sampler at a fake, which has then been run as one recorded torchdefer::trunc_normal_ (True
-    is the sampler's answer). For the handed-out fakes' class (``_after_return.py``)."""
-    caller = _caller_outside_modes(caller)
-    if caller.f_code is not _SAMPLER_CODE:
-        return False
-    arguments = caller.f_locals
-    tensor, mean, std = arguments["tensor"], arguments["mean"], arguments["std"]
-    # The warning names the caller of trunc_normal_: past this frame, the class's
-    # __torch_function__, the sampler and trunc_normal_.
-    _run_trunc_normal(tensor, mean, std, arguments["a"], arguments["b"], arguments["generator"],
-                      stacklevel=5)
-    return True
-
-
-def _caller_outside_modes(frame: types.FrameType) -> types.FrameType:
-    """The frame that made the call, past the torch-function modes (a device context, a user's
-    mode) that forwarded it."""
-    while frame.f_code.co_name == "__torch_function__" and frame.f_back is not None:
-        frame = frame.f_back
-    return frame
 
 
 class _ThisThread(threading.local):
@@ -303,106 +165,37 @@ def _as_torch_calls(original: Callable) -> Callable:
     return call
 
 
-def _stand_in_for_fakes(original: Callable, handler: Callable) -> Callable:
-    """A stand-in for the method ``original`` that runs ``handler`` for a fake on a thread with a
-    recording or fake mode open, and torch's ``original`` otherwise."""
-    torchs = _as_torch_calls(original)
+def _while_open(torchs: Callable, handler: _stand_ins.Handler, like: Optional[Callable] = None) -> Callable:
+    """A stand-in that runs ``handler`` on a thread with a recording or fake mode open, and
+    ``torchs`` (torch's own object, called as torch calls it) otherwise."""
 
-    @functools.wraps(original)
-    def stand_in(self, *args, **kwargs):
-        if _this_thread.open and _C.is_fake(self):
-            return handler(torchs, (self, *args), kwargs)
-        return torchs(self, *args, **kwargs)
-
-    return stand_in
-
-
-def _stand_ins() -> List[Tuple[Any, str, Any]]:
-    """(owner, attribute name, stand-in) for each of torch's objects replaced while open."""
-    repr_ = _as_torch_calls(torch.Tensor.__repr__)
-    deepcopy_ = _as_torch_calls(torch.Tensor.__deepcopy__)
-    get_data = _as_torch_calls(_DATA.__get__)
-    set_data = _as_torch_calls(_DATA.__set__)
-    tensor, as_tensor = torch.tensor, torch.as_tensor
-
-    @functools.wraps(torch.Tensor.__repr__)
-    def __repr__(self, *args, **kwargs):
-        if _this_thread.open and _C.is_fake(self):
-            return fake_repr(self)
-        return repr_(self, *args, **kwargs)
-
-    @functools.wraps(torch.Tensor.__deepcopy__)
-    def __deepcopy__(self, *args, **kwargs):
-        if _this_thread.open:  # Note [Deep copies of fakes]: real tensors too
-            return _deepcopy.deepcopy(deepcopy_, (self, *args), kwargs)
-        return deepcopy_(self, *args, **kwargs)
-
-    def setter(self, value):
+    def stand_in(*args: Any, **kwargs: Any) -> Any:
         if _this_thread.open:
-            _refuse_fake_into_real(self, value)
-            if _C.is_fake(self) and isinstance(value, torch.Tensor) and _C.is_fake(value):
-                # Note [Assigning .data between fakes in inference mode]
-                # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-                # torch's set_data first asks whether the two tensors are compatible
-                # (_has_compatible_shallow_copy_type). Between an inference fake and another fake
-                # the answer is no while inference mode is on (autograd's keys are excluded, so the
-                # Fake layer answers on the two meta shadows, whose dispatch keys differ) and yes
-                # outside it, where eager says yes for two CPU tensors in either case. set_data
-                # does the same in and outside the mode: `self` takes `value`'s metadata and keys,
-                # so it becomes an inference tensor exactly when eager's does; a module tensor
-                # that ends up one is refused, naming it, as any other (Note [Inference mode while
-                # recording] in recorder/src/recording.cpp).
-                with torch.inference_mode(False):
-                    set_data(self, value)
-                return
-        set_data(self, value)
+            return handler(torchs, args, kwargs)
+        return torchs(*args, **kwargs)
 
-    def deleter(self):
-        _DATA.__delete__(self)  # torch's refusal
-
-    def from_data(original: Callable) -> Callable:
-        @functools.wraps(original)
-        def stand_in(data, *args, **kwargs):
-            # A tensor itself goes through the dispatcher (detach, to), where fakes are recorded;
-            # only sequences of tensors are read from memory.
-            if _this_thread.open and isinstance(data, (list, tuple)) and _holds_fake(data):
-                data = _with_values(data)
-            return original(data, *args, **kwargs)
-
-        return stand_in
-
-    @functools.wraps(_SAMPLER)
-    def sampler(tensor, mean, std, a, b, generator=None):
-        if _this_thread.open and _C.is_fake(tensor):
-            # The warning names the caller of trunc_normal_, past this frame and trunc_normal_.
-            _run_trunc_normal(tensor, mean, std, a, b, generator, stacklevel=3)
-            return tensor
-        return _SAMPLER(tensor, mean, std, a, b, generator=generator)
-
-    @functools.wraps(_REBUILD_TENSOR)
-    def rebuild_tensor(storage, storage_offset, size, stride):
-        if _this_thread.open:
-            untyped = storage._untyped_storage
-            empty = _REAL_EMPTY.to(dtype=storage.dtype, device=untyped.device, copy=True)
-            return empty.set_(untyped, storage_offset, size, stride)
-        return _REBUILD_TENSOR(storage, storage_offset, size, stride)
-
-    return [
-        (torch.Tensor, "__repr__", __repr__),
-        (torch.Tensor, "__deepcopy__", __deepcopy__),
-        (torch.Tensor, "tolist", _stand_in_for_fakes(_TensorBase.tolist, _read)),
-        (torch.Tensor, "numpy", _stand_in_for_fakes(_TensorBase.numpy, _read)),
-        (torch.Tensor, "new_tensor", _stand_in_for_fakes(_TensorBase.new_tensor, _new_tensor)),
-        (torch.Tensor, "new", _stand_in_for_fakes(_TensorBase.new, _new)),
-        (torch.Tensor, "data", property(get_data, setter, deleter, doc=_DATA.__doc__)),
-        (torch, "tensor", from_data(tensor)),
-        (torch, "as_tensor", from_data(as_tensor)),
-        (torch.nn.init, "_no_grad_trunc_normal_", sampler),
-        (torch._utils, "_rebuild_tensor", rebuild_tensor),
-    ]
+    return stand_in if like is None else functools.wraps(like)(stand_in)
 
 
-_STAND_INS = _stand_ins()
+def _installed_object(owner: Any, name: str, handler: _stand_ins.Handler) -> Any:
+    """What stands in for ``owner.name`` while open, running ``handler``: for a method, one calling
+    torch's as torch calls it; for the ``data`` property, one whose setter is ``handler``."""
+    torchs = _stand_ins.torchs_object(owner, name)
+    if isinstance(torchs, _GETSET_DESCRIPTOR):
+        get, set_ = _as_torch_calls(torchs.__get__), _as_torch_calls(torchs.__set__)
+
+        def deleter(self: torch.Tensor) -> None:
+            torchs.__delete__(self)  # torch's refusal
+
+        return property(get, _while_open(set_, handler), deleter, doc=torchs.__doc__)
+    if owner is torch.Tensor:
+        return _while_open(_as_torch_calls(torchs), handler, like=torchs)
+    return _while_open(torchs, handler, like=torchs)
+
+
+# (owner, attribute name, stand-in) for each of torch's objects replaced while open.
+_STAND_INS = [(row.owner, row.name, _installed_object(row.owner, row.name, row.recording))
+              for row in _stand_ins.STAND_INS if row.recording is not None]
 _MISSING = object()
 # Torch's objects, read at import, when no stand-in is installed.
 _TORCHS = {(owner, name): vars(owner).get(name, _MISSING) for owner, name, _ in _STAND_INS}
@@ -445,12 +238,12 @@ def _dynamos_caches() -> List[Any]:
 
 
 class _Installed:
-    """The stand-ins and the CUDA flag, while any FakeTensorFunctions is open on any thread."""
+    """The stand-ins (and CUDA marked initialized, where it is unavailable), while any
+    FakeTensorFunctions is open on any thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open = 0
-        self._skipping_cuda_init = 0
         self._caches_filled = False
         # (owner, name, stand-in, what owner.__dict__ held: torch's object, or _MISSING where
         # inherited).
@@ -464,47 +257,23 @@ class _Installed:
                 self._install()
             self._open += 1
             if skip_cuda_init:
-                self._skip_cuda_init()
+                _cuda_init.skip()
 
     def exit(self, skip_cuda_init: bool) -> None:
         with self._lock:
             if skip_cuda_init:
-                self._stop_skipping_cuda_init()
+                _cuda_init.stop_skipping()
             self._open -= 1
             if self._open == 0:
                 self._uninstall()
-
-    @contextlib.contextmanager
-    def cuda_marked_initialized(self) -> Iterator[None]:
-        """CUDA marked initialized for a call that makes a fake CUDA tensor outside any recording
-        (the handed-out fakes' new_tensor), counted with the recordings that mark it."""
-        with self._lock:
-            self._skip_cuda_init()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._stop_skipping_cuda_init()
-
-    def _skip_cuda_init(self) -> None:
-        if self._skipping_cuda_init == 0:
-            _C._set_requires_cuda_init(False)
-        self._skipping_cuda_init += 1
-
-    def _stop_skipping_cuda_init(self) -> None:
-        self._skipping_cuda_init -= 1
-        if self._skipping_cuda_init == 0:
-            _C._set_requires_cuda_init(True)
 
     def after_fork_in_child(self) -> None:
         """In a child forked while installed, only the forking thread goes on: the count becomes
         its own open recordings, and torch is restored if it has none."""
         self._lock = threading.Lock()
         open_here = _this_thread.open
-        skipping = sum(1 for opened in open_here if opened._skip_cuda_init)
-        if self._skipping_cuda_init and not skipping:
-            _C._set_requires_cuda_init(True)
-        self._open, self._skipping_cuda_init = len(open_here), skipping
+        _cuda_init.after_fork_in_child(sum(1 for opened in open_here if opened._skip_cuda_init))
+        self._open = len(open_here)
         if self._open == 0 and self._saved:
             self._uninstall()
 
@@ -573,15 +342,6 @@ class FakeTensorFunctions:
 def mode() -> FakeTensorFunctions:
     """A new FakeTensorFunctions for this thread's deferred_init or fake_mode."""
     return FakeTensorFunctions(skip_cuda_init=not torch.cuda.is_available())
-
-
-def cuda_marked_initialized() -> contextlib.AbstractContextManager:
-    """CUDA marked initialized where it is unavailable, for a call that makes a fake CUDA tensor
-    outside any recording; shared with the recordings that mark it, so that neither unmarks it
-    while the other needs it."""
-    if torch.cuda.is_available():
-        return contextlib.nullcontext()
-    return _installed.cuda_marked_initialized()
 
 
 def innermost() -> Optional[FakeTensorFunctions]:

@@ -49,18 +49,19 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
-from typing import Any, Callable, Iterator, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, Optional, Union
 
 import torch
 
-import torchdefer
-from torchdefer import _C, _after_return, _heap, _recording
+from torchdefer import _C, _deferred_init, _dtensor, _heap, _inspect, _materialize, _module_tree, _recording
+from torchdefer._build_info import VERSION
+from torchdefer._options import Options
 
 __all__ = ["install", "is_installed"]
 
 # The torchdistX API these modules provide (its main branch, after 0.2.0: fake_cuda and
 # is_deferred), then who provides it.
-TORCHDISTX_VERSION = f"0.3.0.dev0+torchdefer.{torchdefer.__version__}"
+TORCHDISTX_VERSION = f"0.3.0.dev0+torchdefer.{VERSION}"
 
 _FSDP_INIT_UTILS = "torch.distributed.fsdp._init_utils"
 
@@ -71,18 +72,18 @@ _FSDP_INIT_UTILS = "torch.distributed.fsdp._init_utils"
 def deferred_init(module_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """torchdistX's ``deferred_init``: calls ``module_fn(*args, **kwargs)`` with every tensor fake
     and every operation on them recorded (:func:`torchdefer.deferred_init`)."""
-    return torchdefer.deferred_init(module_fn, *args, **kwargs)
+    return _deferred_init.deferred_init(module_fn, *args, **kwargs)
 
 
 def is_deferred(obj: Union[torch.Tensor, torch.nn.Module]) -> bool:
     """torchdistX's ``is_deferred``: for a tensor, whether it is a fake that deferred_init
     recorded and materializing will make real; for a module, whether any of its parameters,
-    buffers or tensor attributes (Note [Walking a module] in torchdefer/__init__.py) is one."""
+    buffers or tensor attributes (Note [Walking a module] in torchdefer/_module_tree.py) is one."""
     if isinstance(obj, torch.Tensor):
         return _C.can_materialize(obj)
     if isinstance(obj, torch.nn.Module):
-        tensors = torchdefer._module_tensors(obj, None, False)
-        return any(_C.can_materialize(torchdefer._data_of(t)) for _, t, _ in tensors)
+        tensors = _module_tree.tree_tensors(obj)
+        return any(_C.can_materialize(_dtensor.local_of(t)) for _, t, _ in tensors)
     raise ValueError(
         "torchdistx.deferred_init.is_deferred expects a torch.Tensor or an nn.Module, got "
         f"{type(obj).__name__}"
@@ -92,24 +93,7 @@ def is_deferred(obj: Union[torch.Tensor, torch.nn.Module]) -> bool:
 def materialize_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """torchdistX's ``materialize_tensor``: returns ``tensor`` real. torchdefer makes the same
     object real (in place), so the result is ``tensor`` itself, as it already is for a real one."""
-    return torchdefer.materialize_tensor(tensor)
-
-
-def _own_tensors_only(child: torch.nn.Module) -> bool:
-    return False
-
-
-def _children_first(
-    module: torch.nn.Module, prefix: str, seen: Set[int], out: List[Tuple[str, torch.nn.Module]]
-) -> None:
-    """Appends (prefix, module) for every module of the tree once, children before their parent
-    and siblings in order: the order torchdistX visits them in."""
-    if id(module) in seen:
-        return
-    seen.add(id(module))
-    for name, child in module.named_children():
-        _children_first(child, f"{prefix}{name}.", seen, out)
-    out.append((prefix, module))
+    return _materialize.materialize_tensor(tensor)
 
 
 def materialize_module(
@@ -128,27 +112,15 @@ def materialize_module(
             f"torchdistx.deferred_init.materialize_module expects an nn.Module, got "
             f"{type(module).__name__}"
         )
-    if check_fn is not None and not callable(check_fn):
-        raise TypeError(
-            "torchdistx.deferred_init.materialize_module: check_fn must be a callable(module) -> "
-            f"bool, got {type(check_fn).__name__}"
-        )
-    modules: List[Tuple[str, torch.nn.Module]] = []
-    _children_first(module, "", set(), modules)
-    entries: List[Tuple[str, torch.Tensor, bool]] = []
-    seen: Set[int] = set()
-    for prefix, m in modules:
-        if check_fn is not None and not check_fn(m):
-            continue
-        for name, tensor, is_parameter in torchdefer._named_tensors(m, _own_tensors_only, buffers_only):
-            if id(tensor) not in seen:
-                seen.add(id(tensor))
-                entries.append((prefix + name, tensor, is_parameter))
-    if entries:
-        _heap.return_free_memory()  # what the previous unit freed (Note [FSDP1 units and the heap])
-        _after_return.materialize_named(entries)
-    # As torchdefer.materialize_module does: so FSDP frees each unit's originals once flattened.
-    torchdefer._forget_what_is_real(module)
+    # Each call is an FSDP1 unit: what the previous one freed goes back to the system first
+    # (Note [FSDP1 units and the heap]).
+    _materialize.materialize(
+        module,
+        Options(check_fn=check_fn, check_fn_per_module=True, buffers_only=buffers_only),
+        who="torchdistx.deferred_init.materialize_module",
+        before=_heap.return_free_memory,
+        dtensors=False,
+    )
 
 
 # --- torchdistx.fake ---------------------------------------------------------------------------
@@ -163,7 +135,7 @@ def fake_mode(*, fake_cuda: bool = False) -> Iterator[None]:
     available, ``fake_cuda`` changes nothing. Either way factories keep their default device.
     """
     if fake_cuda or torch.cuda.is_available():
-        with torchdefer.fake_mode():
+        with _deferred_init.fake_mode():
             yield
         return
     # torchdefer's own mode lets fakes be CUDA tensors without CUDA; this one leaves torch's
@@ -177,7 +149,7 @@ def meta_like(fake: torch.Tensor) -> torch.Tensor:
     dtype of the fake ``fake``, outside the autograd graph (as ``detach()`` is). Raises
     ValueError if ``fake`` is not a fake."""
     if not isinstance(fake, torch.Tensor) or not _C.is_fake(fake):
-        what = torchdefer.describe(fake) if isinstance(fake, torch.Tensor) else type(fake).__name__
+        what = _C.describe(fake) if isinstance(fake, torch.Tensor) else type(fake).__name__
         raise ValueError(f"torchdistx.fake.meta_like expects a fake tensor, got {what}")
     # A meta storage just large enough for the fake's elements at its offset and strides.
     extent = 1 + sum((size - 1) * stride for size, stride in zip(fake.shape, fake.stride()))
@@ -208,13 +180,13 @@ class _NotProvided(importlib.abc.MetaPathFinder):
 _NOT_PROVIDED = _NotProvided()
 
 
-def _module(name: str, doc: str, names: dict, is_package: bool = False) -> types.ModuleType:
+def _module(name: str, doc: str, names: Dict[str, Any], is_package: bool = False) -> types.ModuleType:
     module = types.ModuleType(name, doc)
     module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=is_package)
+    attributes = dict(names, __all__=sorted(n for n in names if not n.startswith("_")))
     if is_package:
-        module.__path__ = module.__spec__.submodule_search_locations
-    module.__dict__.update(names)
-    module.__all__ = sorted(n for n in names if not n.startswith("_"))
+        attributes["__path__"] = module.__spec__.submodule_search_locations
+    vars(module).update(attributes)
     return module
 
 
@@ -235,18 +207,16 @@ def _build_modules() -> types.ModuleType:
         {
             # torchdistX's is_fake is torchdefer's: whether deferred_init or fake_mode made it.
             "fake_mode": fake_mode,
-            "is_fake": torchdefer.is_fake,
+            "is_fake": _inspect.is_fake,
             "meta_like": meta_like,
         },
     )
     package = _module(
         "torchdistx",
         "torchdistX's API, provided by torchdefer.compat.",
-        {"deferred_init": deferred, "fake": fake, "__version__": TORCHDISTX_VERSION},
+        {"deferred_init": deferred, "fake": fake, "__version__": TORCHDISTX_VERSION, "__torchdefer__": True},
         is_package=True,
     )
-    package.__all__ = ["deferred_init", "fake"]
-    package.__torchdefer__ = True
     return package
 
 
@@ -266,7 +236,7 @@ def install(*, replace: bool = False) -> None:
             "torchdefer.compat.install: a real torchdistx is already imported; pass replace=True "
             "to have FSDP use torchdefer instead"
         )
-    package = existing if is_installed() else _build_modules()
+    package = existing if existing is not None and is_installed() else _build_modules()
     sys.modules["torchdistx"] = package
     sys.modules["torchdistx.deferred_init"] = package.deferred_init
     sys.modules["torchdistx.fake"] = package.fake
@@ -275,6 +245,4 @@ def install(*, replace: bool = False) -> None:
 
     init_utils = sys.modules.get(_FSDP_INIT_UTILS)
     if init_utils is not None:
-        init_utils.deferred_init = package.deferred_init
-        init_utils.fake = package.fake
-        init_utils._TORCHDISTX_AVAIL = True
+        vars(init_utils).update(deferred_init=package.deferred_init, fake=package.fake, _TORCHDISTX_AVAIL=True)

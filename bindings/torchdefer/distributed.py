@@ -18,7 +18,8 @@ is the same call under the name it had when only FSDP2 was supported. The values
 counter-mode values: every rank's local tensor holds exactly its part of the tensor
 ``torchdefer.materialize_module(..., rng="counter")`` gives in one process, for any mesh and
 placements, so an all-gather reproduces the full model. Nothing is broadcast. How: Note [DTensor
-parameters of a deferred model] in ``torchdefer/_dtensor.py``.
+parameters of a deferred model] in ``torchdefer/_dtensor.py``; the one materialization
+they share, in ``torchdefer/_materialize.py``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-import torchdefer
-from torchdefer import _dtensor
+from torchdefer import _materialize
+from torchdefer._options import DeviceLike, Options
 
 __all__ = ["materialize_fully_sharded"]
 
@@ -36,7 +37,7 @@ __all__ = ["materialize_fully_sharded"]
 def materialize_fully_sharded(
     module: torch.nn.Module,
     *,
-    device: torchdefer.DeviceLike = None,
+    device: DeviceLike = None,
     rng: str = "counter",
     counter_seed: Optional[int] = None,
 ) -> List[Dict[str, Any]]:
@@ -57,4 +58,5 @@ def materialize_fully_sharded(
             "torchdefer.distributed.materialize_fully_sharded expects an nn.Module, got "
             f"{type(module).__name__}"
         )
-    return _dtensor.materialize(module, device=device, rng=rng, counter_seed=counter_seed)
+    options = Options(device=device, rng=rng, counter_seed=counter_seed)
+    return _materialize.materialize(module, options, dtensors=True)

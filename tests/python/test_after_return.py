@@ -5,7 +5,7 @@ m.init_weights()``, with ``torch.nn.init.trunc_normal_`` on every weight. With t
 code runs on the recorded fakes: ``m = deferred_init(Transformer, args); m.init_weights();
 materialize_module(m)`` gives eager's weights bit for bit (torch RNG mode) and the full counter
 model's slices (counter mode, sharded), and every parameter is an ``nn.Parameter`` again once real
-(Note [Handed-out fakes after deferred_init] in bindings/torchdefer/_after_return.py).
+(Note [Handed-out fakes after deferred_init] in bindings/torchdefer/_stand_ins.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 import torchdefer
 from torch import nn
 from torch.nn.utils import parametrize
-from torchdefer import _after_return
+from torchdefer import _stand_ins as _after_return
 
 from test_distributed import run_ranks
 from test_torchdefer import bitwise_equal

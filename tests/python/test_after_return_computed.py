@@ -2,7 +2,7 @@
 with fakes held as plain attributes, and with the generator (issue 12 item 3's leftovers): each
 gives eager's values, eager's classes once real, and with exact_generator=True eager's generator
 right after the call (Note [Fakes computed after deferred_init returned] in
-bindings/torchdefer/_after_return.py, Note [Deep copies after deferred_init returned] in
+bindings/torchdefer/_stand_ins.py, Note [Deep copies after deferred_init returned] in
 _deepcopy.py, Note [The generator after deferred_init] in recorder/internal/torchdefer/rng_anchors.h).
 """
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torchdefer
 from torch import nn
-from torchdefer import _after_return
+from torchdefer import _stand_ins as _after_return
 
 from test_torchdefer import bitwise_equal
 

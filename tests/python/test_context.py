@@ -1,5 +1,5 @@
 """`with torchdefer.deferred():`: the block form of deferred_init (Note [deferred() is
-deferred_init without a callable] in bindings/torchdefer/_context.py)."""
+deferred_init without a callable] in bindings/torchdefer/_deferred_init.py)."""
 
 import contextlib
 import threading

@@ -190,7 +190,7 @@ def check_bitwise(model_type: str, auto: Any, smallest: bool = False) -> None:
     differ = [k for k, v in eager_state.items() if not bitwise_equal(v, deferred_state[k])]
     assert not differ, f"{model_type}: {len(differ)} of {len(eager_state)} differ: {differ[:5]}"
     # Real, each tensor has the class eager gives it again (Note [Handed-out fakes after
-    # deferred_init] in bindings/torchdefer/_after_return.py).
+    # deferred_init] in bindings/torchdefer/_stand_ins.py).
     def classes(model):
         return [(n, type(t)) for n, t in (*model.named_parameters(), *model.named_buffers())]
 

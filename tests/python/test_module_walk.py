@@ -1,5 +1,5 @@
 """Which tensors materialize_module and is_deferred see (Note [Walking a module] in
-bindings/torchdefer/__init__.py), and that the walk keeps nothing alive."""
+bindings/torchdefer/_module_tree.py), and that the walk keeps nothing alive."""
 
 from __future__ import annotations
 
