@@ -6,4 +6,5 @@ plan.py      the strategies and the memory estimate that decides what fits this 
 models.py    the Llama shapes, as torch.nn and transformers models
 report.py    JSON, Markdown, plot, machine description, Google Benchmark table
 distributed.py  per-rank memory and time under DTensor layouts (FSDP2, FSDP2 x TP) over Gloo
+init_speed.py   counter-mode materialize_module against eager init, per init function and a Llama
 """

@@ -306,3 +306,34 @@ def test_full_materialization_is_checked_against_eager_with_the_same_runner():
     assert "| py-deferred-full wall time ≤ 1.0× py-eager's | llama-125m | py-deferred-full | 1.10× (medians) | no |" in lines
     # Without its eager row there is nothing to compare with.
     assert not any("wall time ≤" in line for line in report.targets_table([measured("cpp-deferred-full", 0.36)]).splitlines())
+
+
+def test_init_speed_measures_every_init_and_the_model_against_eager(tmp_path):
+    from bench.harness import init_speed
+
+    out = tmp_path / "init_speed.json"
+    command = [sys.executable, "-m", "bench.harness.init_speed", "--mb", "1", "--repeats", "1", "--model", "tiny",
+               "--json", str(out)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BUILD / "python"), str(REPO)]))
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "UserWarning" not in done.stderr  # the owed generator of a recorded trunc_normal_ is reseeded away
+    results = json.loads(out.read_text())
+    rows = {(r["name"], r["threads"]): r for r in results["rows"]}
+    assert set(rows) == {(name, threads) for name in [*init_speed.INITS, "tiny"] for threads in (1, 2)}
+    for (name, _), row in rows.items():
+        assert row["bytes"] == (2**20 if name != "tiny" else (models.parameter_count(TINY) + 2 * TINY.max_seq_len * TINY.head_dim // 2) * 4)
+        assert all(row["best"][key] > 0 for key in ("eager_s", "counter_s", "record_s", "fresh_s", "written_fill_s"))
+        assert row["speed_ratio"] == pytest.approx(row["best"]["eager_s"] / row["best"]["counter_s"])
+
+    # The printed section: the command in the table's caption, one line per row, pass or fail each.
+    page = done.stdout
+    assert page.startswith(init_speed.BEGIN) and page.rstrip().endswith(init_speed.END)
+    assert "*`python3 -m bench.harness.init_speed --mb 1 --repeats 1 --model tiny --json " in page
+    lines = [line for line in page.splitlines() if line.startswith("| ")]
+    assert lines[0] == init_speed.HEADER and len(lines) == 1 + len(rows)
+    cells = [line.split(" | ") for line in lines[1:]]
+    assert all(len(c) == init_speed.HEADER.count(" | ") + 1 for c in cells)
+    assert [c[0] for c in cells[:2]] == ["| `uniform_(w)`"] * 2 and [c[1] for c in cells[:2]] == ["1", "2"]
+    assert cells[-1][0] == "| Llama `tiny`"
+    assert {c[5] for c in cells} <= {"pass", "**fail**"}
