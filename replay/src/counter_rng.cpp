@@ -208,8 +208,8 @@ int64_t truncated_normal_fill(S* out, uint64_t e, int64_t count, const math::Ele
 #endif
 
 // Fills a prefix of the `count` contiguous elements from element `e` with a vector kernel (Note
-// [Vectorized counter fill], Note [Vectorized truncated normal]), the elements before the first
-// block boundary with the scalar path. Returns how many it filled.
+// [Vectorized counter fill], Note [Vectorized truncated normal]): all of them, or none where no
+// kernel covers the distribution and dtype. Returns how many it filled.
 template <typename T>
 int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
                     const math::ElementParams& params, math::Draws& draws) {
@@ -233,17 +233,9 @@ int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
   if (!avx512 && !avx2) {
     return 0;
   }
-  const uint64_t per_block = params.wide ? 2 : 4;
-  int64_t j = 0;
-  for (; j < count && (e + j) % per_block != 0; ++j) {
-    out[j] = math::element<typename Element<T>::type>(params, draws, e + j);
-  }
   counter_simd::Job job;
   job.op = *op;
   job.dtype = *dtype;
-  job.out = out + j;
-  job.first = e + j;
-  job.count = count - j;
   job.a = params.a;
   job.b = params.b;
   job.low = params.low;
@@ -252,7 +244,42 @@ int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
   job.u_high = params.u_high;
   job.seed = params.seed;
   job.stream = params.stream;
-  return j + (avx512 ? counter_simd::fill_avx512(job) : counter_simd::fill_avx2(job));
+  // Note [Partial groups]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // The kernels fill whole groups of Philox blocks from a block boundary. The elements of a
+  // partial group at either end of the run are copied out of a whole group filled into a
+  // scratch buffer: a few hundred elements computed for nothing, instead of the scalar path for
+  // up to a group's worth. A column shard's rows (64 elements of a 4096-wide weight split 64
+  // ways) and a parallel chunk's ends stay on the vector path.
+  using S = typename Element<T>::type;
+  const int64_t per_block = params.wide ? 2 : 4;
+  const int64_t group =
+      per_block * (avx512 ? counter_simd::kAvx512GroupBlocks : counter_simd::kAvx2GroupBlocks);
+  const auto fill = avx512 ? counter_simd::fill_avx512 : counter_simd::fill_avx2;
+  const auto from_scratch = [&](uint64_t first, int64_t skip, int64_t n, S* destination) {
+    S scratch[4 * counter_simd::kAvx512GroupBlocks];
+    job.out = scratch;
+    job.first = first;
+    job.count = group;
+    fill(job);
+    std::copy(scratch + skip, scratch + skip + n, destination);
+  };
+  int64_t j = 0;
+  const auto head = static_cast<int64_t>(e % static_cast<uint64_t>(per_block));
+  if (head != 0) {
+    j = std::min(count, group - head);
+    from_scratch(e - static_cast<uint64_t>(head), head, j, out);
+  }
+  if (j < count) {
+    job.out = out + j;
+    job.first = e + static_cast<uint64_t>(j);
+    job.count = count - j;
+    j += fill(job);
+  }
+  if (j < count) {
+    from_scratch(e + static_cast<uint64_t>(j), 0, count - j, out + j);
+  }
+  return count;
 #else
   return 0;
 #endif
@@ -269,39 +296,47 @@ void fill_typed(const at::Tensor& out, const math::ElementParams& generic,
   const int64_t last_stride = dims == 0 ? 1 : out.stride(dims - 1);
   const int64_t last_global_stride = dims == 0 ? 1 : index.global_strides[dims - 1];
   S* data = reinterpret_cast<S*>(out.data_ptr<T>());
-  // Split by elements, not rows, so that a long 1-D tensor uses every thread too.
+  // Split by elements, not rows, so that a long 1-D tensor uses every thread too, in chunks of
+  // whole kernel groups (Note [Partial groups]), and from 8,192 elements on: a few tens of
+  // microseconds of work, several times what waking a thread costs.
   const int64_t numel = rows * row_length;
-  at::parallel_for(0, numel, /*grain_size=*/32768, [&](int64_t begin, int64_t end) {
-    math::Draws draws(params);
-    int64_t k = begin;
-    while (k < end) {
-      const int64_t row = k / row_length;
-      const int64_t first = k % row_length;
-      const int64_t last = std::min(row_length, first + (end - k));
-      int64_t rest = row;
-      int64_t offset = 0;
-      int64_t global = 0;
-      for (int64_t d = dims - 2; d >= 0; --d) {
-        const int64_t i = rest % out.size(d);
-        rest /= out.size(d);
-        offset += i * out.stride(d);
-        global += (index.start[d] + i) * index.global_strides[d];
-      }
-      if (dims > 0) {
-        global += index.start[dims - 1] * last_global_stride;
-      }
-      int64_t j = first;
-      if (last_stride == 1) {
-        j += vector_fill<T>(data + offset + j, static_cast<uint64_t>(global + j), last - j, params,
-                            draws);
-      }
-      for (; j < last; ++j) {
-        data[offset + j * last_stride] =
-            math::element<S>(params, draws, static_cast<uint64_t>(global + j));
-      }
-      k += last - first;
-    }
-  });
+  constexpr int64_t kChunk = 4 * counter_simd::kAvx512GroupBlocks;
+  constexpr int64_t kGrainElements = 8192;
+  const int64_t chunks = (numel + kChunk - 1) / kChunk;
+  at::parallel_for(0, chunks, kGrainElements / kChunk,
+                   [&](int64_t first_chunk, int64_t last_chunk) {
+                     const int64_t begin = first_chunk * kChunk;
+                     const int64_t end = std::min(numel, last_chunk * kChunk);
+                     math::Draws draws(params);
+                     int64_t k = begin;
+                     while (k < end) {
+                       const int64_t row = k / row_length;
+                       const int64_t first = k % row_length;
+                       const int64_t last = std::min(row_length, first + (end - k));
+                       int64_t rest = row;
+                       int64_t offset = 0;
+                       int64_t global = 0;
+                       for (int64_t d = dims - 2; d >= 0; --d) {
+                         const int64_t i = rest % out.size(d);
+                         rest /= out.size(d);
+                         offset += i * out.stride(d);
+                         global += (index.start[d] + i) * index.global_strides[d];
+                       }
+                       if (dims > 0) {
+                         global += index.start[dims - 1] * last_global_stride;
+                       }
+                       int64_t j = first;
+                       if (last_stride == 1) {
+                         j += vector_fill<T>(data + offset + j, static_cast<uint64_t>(global + j),
+                                             last - j, params, draws);
+                       }
+                       for (; j < last; ++j) {
+                         data[offset + j * last_stride] =
+                             math::element<S>(params, draws, static_cast<uint64_t>(global + j));
+                       }
+                       k += last - first;
+                     }
+                   });
 }
 
 }  // namespace

@@ -252,6 +252,7 @@ using Words = counter_math::avx2::Words;
 
 constexpr int kSets = Words::kSets;
 constexpr int kGroupBlocks = 8 * kSets;
+static_assert(kGroupBlocks == kAvx2GroupBlocks);
 constexpr int kGroupVectors = 4 * kSets;  // vectors of eight words per group
 
 // Philox4x32-10 on blocks base_block + 0 .. 31. In each set of eight, lane 4j + l of the counter

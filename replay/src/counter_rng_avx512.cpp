@@ -234,6 +234,7 @@ using Chains = counter_math::avx512::Doubles<kChains>;
 
 constexpr int kSets = Words::kSets;
 constexpr int kGroupBlocks = 16 * kSets;
+static_assert(kGroupBlocks == kAvx512GroupBlocks);
 constexpr int kGroupVectors = 4 * kSets;  // vectors of 16 words per group
 
 // Philox4x32-10 on blocks base_block + 0 .. 63. In each set of 16, lane 4j + l of the counter

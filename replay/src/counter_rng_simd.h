@@ -46,12 +46,16 @@ constexpr int64_t kErfinvChunk = 1024;
 void erfinv_avx512(const double* u, double* out, int64_t count);
 void erfinv_avx2(const double* u, double* out, int64_t count);
 
-// Fills the longest prefix of `job` made of whole groups of 64 Philox blocks and returns its
-// length in elements; the caller fills the rest. Only where avx512_available().
+// The Philox blocks of one group of each kernel.
+constexpr int64_t kAvx512GroupBlocks = 64;
+constexpr int64_t kAvx2GroupBlocks = 32;
+
+// Fills the longest prefix of `job` made of whole groups of kAvx512GroupBlocks Philox blocks and
+// returns its length in elements; the caller fills the rest. Only where avx512_available().
 int64_t fill_avx512(const Job& job);
 
-// The same with AVX2, whole groups of 32 blocks, float32 uniform and normal only (0 otherwise).
-// Only where avx2_available().
+// The same with AVX2, whole groups of kAvx2GroupBlocks blocks, float32 uniform and normal only
+// (0 otherwise). Only where avx2_available().
 int64_t fill_avx2(const Job& job);
 
 }  // namespace torchdefer::counter_simd
