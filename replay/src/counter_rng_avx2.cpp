@@ -1,5 +1,6 @@
-// AVX2 kernels of the counter RNG (Note [Vectorized counter fill]): float32 uniform and normal,
-// for CPUs without AVX-512. Compiled with -mavx2 -mfma -ffp-contract=off (replay/CMakeLists.txt)
+// AVX2 kernels of the counter RNG (Note [Vectorized counter fill]): float32 uniform, normal and
+// truncated normal, and erfinv on lanes for the truncated normal's other dtypes, for CPUs without
+// AVX-512. Compiled with -mavx2 -mfma -ffp-contract=off (replay/CMakeLists.txt)
 // and called only where counter_simd::avx2_available(). Every function below computes exactly what
 // the scalar definition computes: the math is counter_math.h's, instantiated for AVX2 lanes.
 #include "counter_rng_simd.h"
@@ -327,6 +328,52 @@ __m256 normal8(__m256i words, double mean, double std) {
   return _mm256_set_m128(_mm256_cvtpd_ps(second), _mm256_cvtpd_ps(first));
 }
 
+// Sixteen float32 truncated normals from two vectors of words (Note [Vectorized truncated
+// normal]), as counter_math::truncated_normal_value computes them: the uniform over
+// [u_low, u_high), u = (w >> 8)·2^-24, then clamp(mean + std·(√2·erfinv(u)), low, high), erfinv's
+// ±1 and NaN lanes included, and NaN as the x86 default NaN.
+void truncated_normal16(const Job& job, const __m256i* words, float* dst) {
+  using Chains = counter_math::avx2::Doubles<4>;
+  Chains u;
+  for (int i = 0; i < 2; ++i) {
+    const __m256i top = _mm256_srli_epi32(words[i], 8);  // < 2^24: converts as signed
+    u.v[2 * i] = _mm256_cvtepi32_pd(_mm256_castsi256_si128(top));
+    u.v[2 * i + 1] = _mm256_cvtepi32_pd(_mm256_extracti128_si256(top, 1));
+  }
+  u = job.u_low + (job.u_high - job.u_low) * (u * 0x1p-24);
+  const __m256d sign = _mm256_set1_pd(-0.0);
+  const __m256d one = _mm256_set1_pd(1.0);
+  const __m256d nan =
+      _mm256_castsi256_pd(_mm256_set1_epi64x(static_cast<int64_t>(0xfff8000000000000ull)));
+  __m256d negative[4], special[4];
+  Chains a;
+  for (int i = 0; i < 4; ++i) {
+    const __m256d magnitude = _mm256_andnot_pd(sign, u.v[i]);
+    negative[i] = _mm256_cmp_pd(u.v[i], _mm256_setzero_pd(), _CMP_LT_OQ);
+    special[i] = _mm256_cmp_pd(magnitude, one, _CMP_NLT_UQ);  // ±1 and NaN
+    a.v[i] = _mm256_andnot_pd(special[i], magnitude);
+  }
+  const Chains g = counter_math::erfinv_magnitude<Chains>(a);
+  __m128 values[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256d unit = _mm256_cmp_pd(_mm256_andnot_pd(sign, u.v[i]), one, _CMP_EQ_OQ);
+    __m256d x = _mm256_blendv_pd(
+        g.v[i], _mm256_blendv_pd(nan, _mm256_set1_pd(__builtin_inf()), unit), special[i]);
+    x = _mm256_xor_pd(x, _mm256_and_pd(negative[i], sign));
+    __m256d value = job.a + job.b * (counter_math::kSqrt2 * x);
+    const __m256d low = _mm256_set1_pd(job.low);
+    const __m256d high = _mm256_set1_pd(job.high);
+    const __m256d below = _mm256_cmp_pd(value, low, _CMP_LT_OQ);
+    const __m256d above = _mm256_cmp_pd(value, high, _CMP_GT_OQ);
+    value = _mm256_blendv_pd(value, high, above);
+    value = _mm256_blendv_pd(value, low, below);
+    value = _mm256_blendv_pd(value, nan, _mm256_cmp_pd(value, value, _CMP_UNORD_Q));
+    values[i] = _mm256_cvtpd_ps(value);
+  }
+  _mm256_storeu_ps(dst, _mm256_set_m128(values[1], values[0]));
+  _mm256_storeu_ps(dst + 8, _mm256_set_m128(values[3], values[2]));
+}
+
 }  // namespace
 
 void erfinv_avx2(const double* u, double* out, int64_t count) {
@@ -335,7 +382,8 @@ void erfinv_avx2(const double* u, double* out, int64_t count) {
 }
 
 int64_t fill_avx2(const Job& job) {
-  if (job.dtype != Dtype::kFloat || (job.op != Op::kUniform && job.op != Op::kNormal)) {
+  if (job.dtype != Dtype::kFloat ||
+      (job.op != Op::kUniform && job.op != Op::kNormal && job.op != Op::kTruncatedNormal)) {
     return 0;
   }
   constexpr int64_t kPerGroup = 4 * kGroupBlocks;
@@ -348,6 +396,12 @@ int64_t fill_avx2(const Job& job) {
   for (int64_t g = 0; g < groups; ++g) {
     philox(job.first / 4 + kGroupBlocks * static_cast<uint64_t>(g), job.stream, job.seed, words);
     float* dst = out + kPerGroup * g;
+    if (job.op == Op::kTruncatedNormal) {
+      for (int v = 0; v < kGroupVectors; v += 2) {
+        truncated_normal16(job, words + v, dst + 8 * v);
+      }
+      continue;
+    }
     for (int v = 0; v < kGroupVectors; ++v) {
       const __m256 values = job.op == Op::kUniform ? uniform8(words[v], job.a, range, from_f, to_f)
                                                    : normal8(words[v], job.a, job.b);

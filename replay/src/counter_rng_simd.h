@@ -54,8 +54,8 @@ constexpr int64_t kAvx2GroupBlocks = 32;
 // returns its length in elements; the caller fills the rest. Only where avx512_available().
 int64_t fill_avx512(const Job& job);
 
-// The same with AVX2, whole groups of kAvx2GroupBlocks blocks, float32 uniform and normal only
-// (0 otherwise). Only where avx2_available().
+// The same with AVX2, whole groups of kAvx2GroupBlocks blocks, float32 uniform, normal and
+// truncated normal only (0 otherwise). Only where avx2_available().
 int64_t fill_avx2(const Job& job);
 
 }  // namespace torchdefer::counter_simd
