@@ -98,10 +98,11 @@ math::ElementParams element_params(const CounterDistributionParams& p, uint64_t 
 //    instruction set): every kernel above. Philox runs four independent sets of 16 blocks at once
 //    (one set alone is a latency-bound chain of multiplies), the counters laid out so that one
 //    in-lane 4x4 transpose leaves the words in element order.
-//  * AVX2 with FMA (counter_rng_avx2.cpp, likewise): float32 uniform, normal and truncated
-//    normal, the same scheme with four sets of eight blocks, for CPUs without AVX-512.
-//  * Truncated normal, every dtype: the whole element on AVX-512 lanes and on AVX2 lanes for
-//    float32, erfinv on AVX2 lanes for the other dtypes (Note [Vectorized truncated normal]).
+//  * AVX2 with FMA and F16C (counter_rng_avx2.cpp, likewise): uniform, normal and truncated
+//    normal in float32, float16 and bfloat16, the same scheme with four sets of eight blocks, for
+//    CPUs without AVX-512.
+//  * Truncated normal, every dtype: the whole element on AVX-512 lanes, and on AVX2 lanes but for
+//    float64, whose erfinv alone runs on AVX2 lanes (Note [Vectorized truncated normal]).
 //  * Otherwise the scalar path. The choice is made at run time from cpuid, so the library runs on
 //    any x86-64 CPU. TORCHDEFER_CPU_CAPABILITY=scalar|avx2|avx512 caps it (as ATEN_CPU_CAPABILITY
 //    does ATen's kernels), so that tests and benchmarks run every path on one machine.
@@ -174,9 +175,9 @@ std::optional<counter_simd::Op> simd_op(CounterDistribution distribution) {
 // A truncated normal element is a uniform, erfinv (a logarithm and a polynomial of degree 24:
 // Note [Counter scheme versions], version 2), a scale, a clamp and a rounding. The AVX-512
 // kernel computes all of it on vector lanes, for every floating dtype, and the AVX2 kernel for
-// float32, with the tail's polynomials evaluated only for the vectors that need them. For the
-// other dtypes with AVX2 the uniforms, clamping and rounding stay on the scalar path and erfinv
-// runs on vector lanes, a chunk of elements at a time (counter_rng_erfinv.h). Each lane computes
+// all but float64, with the tail's polynomials evaluated only for the vectors that need them. For
+// float64 with AVX2 the uniforms, clamping and rounding stay on the scalar path and erfinv runs
+// on vector lanes, a chunk of elements at a time (counter_rng_erfinv.h). Each lane computes
 // the scalar definition's operations in order, so the bits are the scalar path's, which
 // counter_rng_test.cpp checks element by element.
 template <typename S>
@@ -216,7 +217,7 @@ int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
                     const math::ElementParams& params, math::Draws& draws) {
 #ifdef TORCHDEFER_X86_KERNELS
   if (params.distribution == CounterDistribution::kTruncatedNormal && counter_isa() == Isa::kAvx2 &&
-      !std::is_same_v<T, float>) {
+      std::is_same_v<T, double>) {
     return truncated_normal_fill(out, e, count, params, draws);
   }
 #endif
@@ -229,7 +230,7 @@ int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
 #ifdef TORCHDEFER_X86_KERNELS
   const Isa isa = counter_isa();
   const bool avx512 = isa == Isa::kAvx512;
-  const bool avx2 = isa == Isa::kAvx2 && *dtype == counter_simd::Dtype::kFloat &&
+  const bool avx2 = isa == Isa::kAvx2 && *dtype != counter_simd::Dtype::kDouble &&
                     (*op == counter_simd::Op::kUniform || *op == counter_simd::Op::kNormal ||
                      *op == counter_simd::Op::kTruncatedNormal);
   if (!avx512 && !avx2) {
@@ -347,7 +348,8 @@ namespace counter_simd {
 
 bool avx2_available() {
 #ifdef TORCHDEFER_X86_KERNELS
-  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool available = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                                __builtin_cpu_supports("f16c");
   return available;
 #else
   return false;

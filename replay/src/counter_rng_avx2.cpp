@@ -1,8 +1,9 @@
-// AVX2 kernels of the counter RNG (Note [Vectorized counter fill]): float32 uniform, normal and
-// truncated normal, and erfinv on lanes for the truncated normal's other dtypes, for CPUs without
-// AVX-512. Compiled with -mavx2 -mfma -ffp-contract=off (replay/CMakeLists.txt)
-// and called only where counter_simd::avx2_available(). Every function below computes exactly what
-// the scalar definition computes: the math is counter_math.h's, instantiated for AVX2 lanes.
+// AVX2 kernels of the counter RNG (Note [Vectorized counter fill]): uniform, normal and truncated
+// normal in float32, float16 and bfloat16, and erfinv on lanes for the truncated normal in
+// float64, for CPUs without AVX-512. Compiled with -mavx2 -mfma -mf16c -ffp-contract=off
+// (replay/CMakeLists.txt) and called only where counter_simd::avx2_available(). Every function
+// below computes exactly what the scalar definition computes: the math is counter_math.h's,
+// instantiated for AVX2 lanes.
 #include "counter_rng_simd.h"
 
 #define TORCHDEFER_COUNTER_ISA avx2
@@ -301,14 +302,91 @@ __m128i low_words(__m256i x) {
   return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(x, gather));
 }
 
-// Eight float32 uniforms from eight words: a + (b − a)·u, u = (w >> 8)·2^-24, in double.
-__m256 uniform8(__m256i words, double from, double range, __m256 from_f, __m256 to_f) {
+// Eight uniforms from eight words, in float32: a + (b − a)·u, u = (w >> 8)·2^-24, in double
+// (store8 applies the wrap at `to`, in the output dtype).
+__m256 uniform8(__m256i words, double from, double range) {
   const __m256i top = _mm256_srli_epi32(words, 8);  // < 2^24: converts as signed
   const __m256d lo = from + range * (_mm256_cvtepi32_pd(_mm256_castsi256_si128(top)) * 0x1p-24);
   const __m256d hi =
       from + range * (_mm256_cvtepi32_pd(_mm256_extracti128_si256(top, 1)) * 0x1p-24);
-  const __m256 f = _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
-  return _mm256_blendv_ps(f, from_f, _mm256_cmp_ps(f, to_f, _CMP_EQ_OQ));
+  return _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
+}
+
+// float32 to float16 bits, to nearest even (F16C); NaN becomes its sign and 0x7E00, as
+// c10::Half does.
+__m128i to_half(__m256 f) {
+  const __m128i h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m128i nan = _mm_packs_epi32(
+      _mm256_castsi256_si128(_mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q))),
+      _mm256_extracti128_si256(_mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)), 1));
+  const __m128i quiet =
+      _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16(-0x8000)), _mm_set1_epi16(0x7E00));
+  return _mm_blendv_epi8(h, quiet, nan);
+}
+
+// float32 to bfloat16 bits, to nearest even; NaN becomes 0x7FC0, as c10::BFloat16 does.
+__m128i to_bfloat16(__m256 f) {
+  const __m256i u = _mm256_castps_si256(f);
+  const __m256i bias = _mm256_add_epi32(
+      _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7FFF));
+  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+  rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
+  // Values below 2^16 in every 32-bit lane: an unsigned saturating pack keeps them as they are.
+  return _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+}
+
+// The 16-bit dtypes' bits back to float32, for the wrap's comparison.
+__m256 from_half(__m128i h) { return _mm256_cvtph_ps(h); }
+__m256 from_bfloat16(__m128i b) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+}
+
+// Uniform's last step: a value that rounds to `to` in the output dtype becomes `from`.
+struct Wrap {
+  bool enabled = false;
+  float to = 0;            // `to` rounded to the dtype, as float32
+  float from = 0;          // float32 output
+  uint16_t from_bits = 0;  // 16-bit outputs
+};
+
+template <Dtype D>
+Wrap make_wrap(bool enabled, double from, double to) {
+  Wrap w;
+  w.enabled = enabled;
+  w.to = static_cast<float>(to);
+  w.from = static_cast<float>(from);
+  if constexpr (D == Dtype::kHalf) {
+    w.to = _mm_cvtss_f32(_mm256_castps256_ps128(from_half(to_half(_mm256_set1_ps(w.to)))));
+    w.from_bits = static_cast<uint16_t>(_mm_extract_epi16(to_half(_mm256_set1_ps(w.from)), 0));
+  } else if constexpr (D == Dtype::kBFloat16) {
+    w.to = _mm_cvtss_f32(_mm256_castps256_ps128(from_bfloat16(to_bfloat16(_mm256_set1_ps(w.to)))));
+    w.from_bits = static_cast<uint16_t>(_mm_extract_epi16(to_bfloat16(_mm256_set1_ps(w.from)), 0));
+  }
+  return w;
+}
+
+// Stores eight consecutive float32 values rounded to D, with the uniform's wrap.
+template <Dtype D>
+void store8(void* out, int64_t index, __m256 f, const Wrap& wrap) {
+  if constexpr (D == Dtype::kFloat) {
+    if (wrap.enabled) {
+      f = _mm256_blendv_ps(f, _mm256_set1_ps(wrap.from),
+                           _mm256_cmp_ps(f, _mm256_set1_ps(wrap.to), _CMP_EQ_OQ));
+    }
+    _mm256_storeu_ps(static_cast<float*>(out) + index, f);
+  } else {
+    __m128i bits = D == Dtype::kHalf ? to_half(f) : to_bfloat16(f);
+    if (wrap.enabled) {
+      const __m256 value = D == Dtype::kHalf ? from_half(bits) : from_bfloat16(bits);
+      const __m256i wrapped =
+          _mm256_castps_si256(_mm256_cmp_ps(value, _mm256_set1_ps(wrap.to), _CMP_EQ_OQ));
+      const __m128i mask =
+          _mm_packs_epi32(_mm256_castsi256_si128(wrapped), _mm256_extracti128_si256(wrapped, 1));
+      bits = _mm_blendv_epi8(bits, _mm_set1_epi16(static_cast<short>(wrap.from_bits)), mask);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + index), bits);
+  }
 }
 
 // Eight float32 normals from eight words: each 64-bit lane is one Box–Muller pair, u1 from its
@@ -328,11 +406,11 @@ __m256 normal8(__m256i words, double mean, double std) {
   return _mm256_set_m128(_mm256_cvtpd_ps(second), _mm256_cvtpd_ps(first));
 }
 
-// Sixteen float32 truncated normals from two vectors of words (Note [Vectorized truncated
+// Sixteen truncated normals in float32 from two vectors of words (Note [Vectorized truncated
 // normal]), as counter_math::truncated_normal_value computes them: the uniform over
 // [u_low, u_high), u = (w >> 8)·2^-24, then clamp(mean + std·(√2·erfinv(u)), low, high), erfinv's
 // ±1 and NaN lanes included, and NaN as the x86 default NaN.
-void truncated_normal16(const Job& job, const __m256i* words, float* dst) {
+void truncated_normal16(const Job& job, const __m256i* words, __m256 (&out)[2]) {
   using Chains = counter_math::avx2::Doubles<4>;
   Chains u;
   for (int i = 0; i < 2; ++i) {
@@ -370,8 +448,8 @@ void truncated_normal16(const Job& job, const __m256i* words, float* dst) {
     value = _mm256_blendv_pd(value, nan, _mm256_cmp_pd(value, value, _CMP_UNORD_Q));
     values[i] = _mm256_cvtpd_ps(value);
   }
-  _mm256_storeu_ps(dst, _mm256_set_m128(values[1], values[0]));
-  _mm256_storeu_ps(dst + 8, _mm256_set_m128(values[3], values[2]));
+  out[0] = _mm256_set_m128(values[1], values[0]);
+  out[1] = _mm256_set_m128(values[3], values[2]);
 }
 
 }  // namespace
@@ -381,34 +459,52 @@ void erfinv_avx2(const double* u, double* out, int64_t count) {
   counter_math::erfinv_lanes<Doubles<2>>(u, out, count);
 }
 
-int64_t fill_avx2(const Job& job) {
-  if (job.dtype != Dtype::kFloat ||
-      (job.op != Op::kUniform && job.op != Op::kNormal && job.op != Op::kTruncatedNormal)) {
-    return 0;
-  }
+namespace {
+
+template <Dtype D>
+int64_t fill(const Job& job) {
   constexpr int64_t kPerGroup = 4 * kGroupBlocks;
   const int64_t groups = job.count / kPerGroup;
-  const double range = job.b - job.a;
-  const __m256 from_f = _mm256_set1_ps(static_cast<float>(job.a));
-  const __m256 to_f = _mm256_set1_ps(static_cast<float>(job.b));
-  float* out = static_cast<float*>(job.out);
+  const Wrap wrap = make_wrap<D>(job.op == Op::kUniform, job.a, job.b);
   __m256i words[kGroupVectors];
   for (int64_t g = 0; g < groups; ++g) {
     philox(job.first / 4 + kGroupBlocks * static_cast<uint64_t>(g), job.stream, job.seed, words);
-    float* dst = out + kPerGroup * g;
+    const int64_t index = kPerGroup * g;
     if (job.op == Op::kTruncatedNormal) {
       for (int v = 0; v < kGroupVectors; v += 2) {
-        truncated_normal16(job, words + v, dst + 8 * v);
+        __m256 values[2];
+        truncated_normal16(job, words + v, values);
+        store8<D>(job.out, index + 8 * v, values[0], wrap);
+        store8<D>(job.out, index + 8 * v + 8, values[1], wrap);
       }
       continue;
     }
     for (int v = 0; v < kGroupVectors; ++v) {
-      const __m256 values = job.op == Op::kUniform ? uniform8(words[v], job.a, range, from_f, to_f)
+      const __m256 values = job.op == Op::kUniform ? uniform8(words[v], job.a, job.b - job.a)
                                                    : normal8(words[v], job.a, job.b);
-      _mm256_storeu_ps(dst + 8 * v, values);
+      store8<D>(job.out, index + 8 * v, values, wrap);
     }
   }
   return groups * kPerGroup;
+}
+
+}  // namespace
+
+int64_t fill_avx2(const Job& job) {
+  if (job.op != Op::kUniform && job.op != Op::kNormal && job.op != Op::kTruncatedNormal) {
+    return 0;
+  }
+  switch (job.dtype) {
+    case Dtype::kFloat:
+      return fill<Dtype::kFloat>(job);
+    case Dtype::kHalf:
+      return fill<Dtype::kHalf>(job);
+    case Dtype::kBFloat16:
+      return fill<Dtype::kBFloat16>(job);
+    case Dtype::kDouble:
+      break;
+  }
+  return 0;
 }
 
 }  // namespace torchdefer::counter_simd

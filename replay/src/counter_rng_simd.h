@@ -35,7 +35,7 @@ struct Job {
 // Whether the CPU and the OS support the AVX-512 kernels (F, DQ, BW and VL).
 bool avx512_available();
 
-// Whether they support the AVX2 kernels (AVX2 and FMA).
+// Whether they support the AVX2 kernels (AVX2, FMA and F16C).
 bool avx2_available();
 
 // The most elements one erfinv_* call takes.
@@ -54,8 +54,8 @@ constexpr int64_t kAvx2GroupBlocks = 32;
 // returns its length in elements; the caller fills the rest. Only where avx512_available().
 int64_t fill_avx512(const Job& job);
 
-// The same with AVX2, whole groups of kAvx2GroupBlocks blocks, float32 uniform, normal and
-// truncated normal only (0 otherwise). Only where avx2_available().
+// The same with AVX2, whole groups of kAvx2GroupBlocks blocks, uniform, normal and truncated
+// normal in float32, float16 and bfloat16 only (0 otherwise). Only where avx2_available().
 int64_t fill_avx2(const Job& job);
 
 }  // namespace torchdefer::counter_simd
