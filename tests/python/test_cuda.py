@@ -23,6 +23,8 @@ FLOAT_INITS = {
     # erfinv). torch 2.13's nn.init.trunc_normal_ records as this operator; 2.11's records its
     # erfinv_ as an op of its own, which runs on the materialization device.
     "trunc_normal": lambda t: torch.ops.torchdefer.trunc_normal_(t, 0.0, 0.02, -0.04, 0.04),
+    # torchtitan's bounds: the uniform reaches ±1, erfinv's tail polynomials and its infinities.
+    "trunc_normal_wide": lambda t: torch.ops.torchdefer.trunc_normal_(t, 0.0, 0.02, -2.0, 2.0),
     "bernoulli": lambda t: t.bernoulli_(0.3),
     "exponential": lambda t: t.exponential_(1.5),
     "log_normal": lambda t: t.log_normal_(0.1, 0.5),
