@@ -80,6 +80,12 @@ link_python_package() {
   echo "$(pwd)/$BUILD_DIR/python" > "$site/torchdefer-dev.pth"
 }
 
+check_docs() {
+  log "checking the docs (scripts/check_docs.py, tests/docs)"
+  python3 scripts/check_docs.py
+  python3 -m pytest -q -p no:cacheprovider tests/docs
+}
+
 check_format() {
   log "checking clang-format"
   local files
@@ -143,6 +149,7 @@ main() {
     test)
       install_apt_packages
       install_pip_packages
+      check_docs
       build
       check_format
       run_cpp_tests
