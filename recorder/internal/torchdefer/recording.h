@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -20,15 +21,15 @@ namespace detail {
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // Reading a value replays it, and the recorder must not depend on the replay engine. The recorder
 // declares what a reader is, and each recording is given its reader by whoever opens it: the
-// entry layer, which sits above replay, opens every recording (DeferredInitGuard, and the
-// extension's RecordingScope, api/src/deferred_init.cpp) and passes its replay-based reader
-// there. The graph keeps the reader, so a read of a fake after deferred_init returned, when no
-// recording is open, goes through the reader of the recording that made it.
+// entry layer, which sits above replay, opens every recording (DeferredInitGuard in
+// api/src/deferred_init.cpp, which the extension's RecordingScope holds too) and passes its
+// replay-based reader there. The graph keeps the reader, so a read of a fake after deferred_init
+// returned, when no recording is open, goes through the reader of the recording that made it.
 //
-// It used to be a process-wide pointer the entry layer installed from a static initializer: a
-// dependency of the recorder on the layer above, hidden in load order (a recorder linked without
-// the entry layer failed only at the first item()). Passing it when a recording opens makes the
-// dependency explicit and keeps the recorder buildable and testable alone, with any reader.
+// A process-wide reader that the entry layer installs from a static initializer would work too,
+// but it hides a dependency of the recorder on the layer above in load order: a recorder linked
+// without the entry layer fails only at the first item(). A reader passed when a recording opens
+// is a dependency the code states, and the recorder stays testable alone, with any reader.
 //
 // A reader returns a real tensor, private to the caller, holding the values `fake` (a fake of
 // the recording in progress on this thread, or of an ended one) has so far, as eager
@@ -55,8 +56,8 @@ class Recording {
   bool exact_generator_;
 };
 
-// What the entry layer's public functions of the same names do (api/include/torchdefer/
-// deferred_init.h and api/internal/torchdefer/extension.h say what).
+// What the entry layer's public functions of the same names do (their declarations say what:
+// api/include/torchdefer/deferred_init.h, api/internal/torchdefer/extension.h).
 at::Tensor read_values(const at::Tensor& t);
 bool made_in_inference_mode(const at::Tensor& t);
 uint64_t inference_tensors_made();
