@@ -9,8 +9,11 @@ install(TARGETS torchdefer EXPORT torchdeferTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(FILES "${PROJECT_BINARY_DIR}/include/torchdefer/version.h"
-  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/torchdefer)
+# The public headers: every layer's include/ (recorder/ has none, Note [Who reads values]) and the
+# generated version.h. docs/design.md's table of them is generated from these folders
+# (scripts/check_docs.py).
+install(DIRECTORY core/include/ replay/include/ api/include/ "${PROJECT_BINARY_DIR}/include/"
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT torchdeferTargets NAMESPACE torchdefer:: DESTINATION ${TORCHDEFER_CMAKE_DIR})
 
 configure_package_config_file(cmake/torchdeferConfig.cmake.in

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The two README commands, and what they share:
-#   bash scripts/dev.sh demo [demo flags]   install what is missing, build, run the demo, then
-#                                           the default strategy comparison (bench/harness)
-#   bash scripts/dev.sh test                install what is missing, build, run every test
+#   bash scripts/dev.sh demo [demo flags]   install what is missing, build what the demo runs, run
+#                                           the demo, then the default strategy comparison
+#                                           (bench/harness) (Note [What the demo builds])
+#   bash scripts/dev.sh test                install what is missing, build everything, run every
+#                                           check and test
 # Both are idempotent and quick when nothing changed: installs are skipped when present, the
 # build is incremental and goes through ccache. Debian 12 with Python 3.11, run as root (or with
 # the apt packages already installed).
@@ -62,13 +64,34 @@ PY
     "${PIP_PACKAGES[@]}"
 }
 
-build() {
+# Note [What the demo builds]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A first run compiles from nothing, and the GoogleTest suite and the benchmarks are most of what
+# there is to compile. So `demo` builds only what it runs, in the order it runs it: the library
+# and the demo program (DEMO_TARGETS), runs the demo, and only then the Python extension and the C++
+# strategy runner that the comparison needs (COMPARISON_TARGETS); its first result comes after the
+# library is compiled, not after everything is. `test` builds everything. Each phase logs what it
+# builds; ninja's [done/total] lines show the progress within it. docs/results.md has the time of
+# a first run.
+readonly DEMO_TARGETS=(torchdefer_demo)
+readonly COMPARISON_TARGETS=(torchdefer_python torchdefer_bench_strategy)
+
+configure() {
   if [ ! -f "$BUILD_DIR/build.ninja" ]; then
-    log "configuring $BUILD_DIR/"
+    log "configuring $BUILD_DIR/ (CMake, against the torch of $(command -v python3))"
     cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
   fi
-  log "building"
-  cmake --build "$BUILD_DIR" -j "$(nproc)"
+}
+
+# build [what it is] [target...]: every target when none is named.
+build() {
+  local what="${1:-everything}"
+  shift || true
+  local targets=()
+  [ $# -eq 0 ] || targets=(--target "$@")
+  configure
+  log "building $what${*:+ (${*})}"
+  cmake --build "$BUILD_DIR" -j "$(nproc)" "${targets[@]}"
   link_python_package
 }
 
@@ -78,6 +101,12 @@ link_python_package() {
   local site
   site=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   echo "$(pwd)/$BUILD_DIR/python" > "$site/torchdefer-dev.pth"
+}
+
+check_docs() {
+  log "checking the docs (scripts/check_docs.py, tests/docs)"
+  python3 scripts/check_docs.py
+  python3 -m pytest -q -p no:cacheprovider tests/docs
 }
 
 check_format() {
@@ -147,14 +176,17 @@ main() {
     demo)
       install_apt_packages
       install_pip_packages
-      build
+      build "the library and the demo" "${DEMO_TARGETS[@]}"
+      log "running the demo ($BUILD_DIR/bench/torchdefer_demo)"
       "$BUILD_DIR/bench/torchdefer_demo" "$@"
+      build "what the strategy comparison runs" "${COMPARISON_TARGETS[@]}"
       log "comparing initialization strategies (python3 -m bench.harness.run)"
       python3 -m bench.harness.run --build-dir "$BUILD_DIR"
       ;;
     test)
       install_apt_packages
       install_pip_packages
+      check_docs
       build
       check_format
       check_python

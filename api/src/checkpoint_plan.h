@@ -2,7 +2,7 @@
 // against the whole module before anything is read (Note [Checking a checkpoint first]).
 #pragma once
 
-#include <torchdefer/checkpoint.h>
+#include <torchdefer/extension.h>
 #include <torchdefer/materialize.h>
 
 #include <c10/core/TensorImpl.h>

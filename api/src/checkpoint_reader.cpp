@@ -1,5 +1,5 @@
-// What every CheckpointReader does unless it knows better (torchdefer/checkpoint.h).
-#include <torchdefer/checkpoint.h>
+// What every CheckpointReader does unless it knows better (torchdefer/materialize.h).
+#include <torchdefer/materialize.h>
 
 namespace torchdefer {
 

@@ -3,7 +3,7 @@
 // runs them in dependency order and commits everything together.
 #pragma once
 
-#include <torchdefer/checkpoint.h>
+#include <torchdefer/extension.h>
 #include <torchdefer/materialize.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/shard.h>
@@ -118,8 +118,9 @@ class Materialization {
   std::vector<Load> loads_;
 };
 
-// Note [Reading values while recording]: the values `fake` (a fake of the recording in progress)
-// has so far, replayed on CPU in torch RNG mode into a tensor private to the caller.
+// The value reader every recording is opened with (Note [Who reads values], Note [Reading values
+// while recording]): the values `fake` has so far, replayed on CPU in torch RNG mode into a
+// tensor private to the caller.
 at::Tensor read_recorded_values(const at::Tensor& fake);
 
 }  // namespace torchdefer::detail

@@ -1,11 +1,11 @@
 // The public materialization API: tensors and torch::nn modules.
 #include <torchdefer/counter_rng.h>
 #include <torchdefer/deferred_init.h>
+#include <torchdefer/extension.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/materialize.h>
 #include <torchdefer/torch_compat.h>
-#include <torchdefer/value_reader.h>
 
 #include <c10/core/GradMode.h>
 #include <c10/util/StringUtil.h>
@@ -234,18 +234,6 @@ void materialize_whole(const std::vector<at::Tensor>& tensors, const Materialize
   }
   materialization.run(/*report_progress=*/true);
 }
-
-// The recorder's value reader (Note [Who reads values]), installed when the library loads.
-class ReplayValueReader final : public detail::ValueReader {
- public:
-  at::Tensor read(const at::Tensor& fake) const override {
-    return detail::read_recorded_values(fake);
-  }
-};
-
-const ReplayValueReader kValueReader;
-[[maybe_unused]] const bool kValueReaderInstalled =
-    (detail::install_value_reader(kValueReader), true);
 
 // The checkpoint's plan for a call, checked (Note [Checking a checkpoint first]); empty
 // without a checkpoint. A tensor real at record time is read when it is among the call's

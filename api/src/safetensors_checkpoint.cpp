@@ -1,6 +1,6 @@
 // open_safetensors: one safetensors file, or the files of a save_pretrained directory joined by
 // their model.safetensors.index.json, as one CheckpointReader.
-#include <torchdefer/checkpoint.h>
+#include <torchdefer/materialize.h>
 
 #include "json_value.h"
 #include "safetensors_file.h"

@@ -257,7 +257,8 @@ void SafetensorsFile::read(const std::string& name, const Box& box, const at::Te
     for_each_run(entry.meta.sizes, box, element_size, [&](int64_t offset, int64_t nbytes) {
       for (int64_t done = 0; done < nbytes; done += kTouchStep) {
         const int64_t step = std::min(kTouchStep, nbytes - done);
-        populate_for_write(destination, step);  // Note [Touching the destination just ahead ...]
+        // Note [Touching the destination just ahead of the read]
+        populate_for_write(destination, step);
         pread_exact(destination, step, entry.offset + offset + done, name);
         destination += step;
       }

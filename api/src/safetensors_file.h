@@ -2,7 +2,7 @@
 // with pread straight into the destination (Note [Reading a box of a safetensors tensor]).
 #pragma once
 
-#include <torchdefer/checkpoint.h>
+#include <torchdefer/materialize.h>
 #include <torchdefer/shard.h>
 
 #include <ATen/core/Tensor.h>

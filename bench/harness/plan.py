@@ -21,7 +21,9 @@ class Strategy:
     name: str
     runner: str  # "cpp": bench/strategy_main.cpp; "py": bench/harness/strategy.py
     description: str
-    # Note [Memory estimate]: peak RSS of one process = baseline + full * P + shard * S +
+    # Note [Memory estimate]
+    # ~~~~~~~~~~~~~~~~~~~~~~
+    # Peak RSS of one process = baseline + full * P + shard * S +
     # largest * L, where P is the model's parameter bytes, S one rank's shard of them (only for
     # the shard strategies, or when the eager ones slice: W > 1) and L its largest parameter;
     # py-broadcast's processes all run on this machine, so it needs that times

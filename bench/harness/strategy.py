@@ -204,6 +204,7 @@ def run(strategy: str, config: models.LlamaConfig, rank: int, world: int, device
     # A trainer's flow allocates in to_empty: its reference is the same flow kept on meta.
     meta = measure_meta((lambda: trainer_flow(config, "meta")) if strategy.startswith("py-flow-") else build)
     # Note [What meta construction skips in transformers]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     # transformers' PreTrainedModel.init_weights (modeling_utils.py, run by post_init at the end
     # of every model's __init__) calls initialize_weights() only when
     # get_torch_context_manager_or_global_device() is not the meta device: on the meta device the
@@ -286,7 +287,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         import torch.distributed as dist
 
         dist.init_process_group("gloo", rank=args.rank, world_size=args.world)
-    # Note [Warm-up run]: the first use of a strategy in a process pays one-off costs that do not
+    # Note [Warm-up run]
+    # ~~~~~~~~~~~~~~~~~~
+    # The first use of a strategy in a process pays one-off costs that do not
     # depend on the model (torch's lazily imported meta kernels take seconds under
     # torch.device("meta"), transformers' first from_config, the first MT19937 jump). The tiny
     # shape is built once with the same strategy first, so the measured run shows what scales

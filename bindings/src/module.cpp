@@ -1,5 +1,6 @@
 // torchdefer._C: the Python face of the C++ library. The pure-Python package (bindings/torchdefer)
 // builds the user-facing API on these functions.
+#include <torchdefer/extension.h>
 #include <torchdefer/torchdefer.h>
 
 #include <torch/csrc/utils/device_lazy_init.h>
@@ -21,8 +22,8 @@ namespace py = pybind11;
 namespace torchdefer {
 namespace {
 
-// Note [A scope dropped on another thread] (recording.cpp): a block entered and never exited is
-// dropped by whichever thread releases it last, which cannot end another thread's scope.
+// Note [A scope dropped on another thread] (api/src/extension.cpp): a block entered and never
+// exited is dropped by whichever thread releases it last, which cannot end another thread's scope.
 void abandon(std::unique_ptr<RecordingScope> scope) { abandon_on_another_thread(std::move(scope)); }
 void abandon(std::unique_ptr<FakeMode> mode) { (void)mode.release(); }
 

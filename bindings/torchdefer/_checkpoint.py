@@ -3,7 +3,7 @@ opened as (docs/checkpoints.md).
 
 Note [Checkpoint sources]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
-Every source becomes one C++ CheckpointReader (api/include/torchdefer/checkpoint.h): the names
+Every source becomes one C++ CheckpointReader (api/include/torchdefer/materialize.h): the names
 and global shapes and dtypes of the tensors it holds, and a read of any box of any of them into a
 destination tensor that the C++ orchestrator allocates (this rank's shard, the recorded dtype,
 the target device) and commits with everything else, all or nothing. A region layout (a

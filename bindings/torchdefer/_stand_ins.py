@@ -17,9 +17,6 @@ fake). None at one of the two times: torch's own object serves there.
 
 Note [Handed-out fakes after deferred_init]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-
-Note [Handed-out fakes after deferred_init]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Training frameworks build a model first and initialize it afterwards: torchtitan's
 ``m = deferred_init(Transformer, args); m.init_weights(); materialize_module(m)``, where
 ``init_weights`` calls ``torch.nn.init.trunc_normal_`` on every weight. Operations on a recorded

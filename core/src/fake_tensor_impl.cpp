@@ -159,18 +159,6 @@ void FakeTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>
 
 bool is_fake(const at::TensorBase& t) noexcept { return fake_impl(t) != nullptr; }
 
-FakeStorage fake_storage(const at::TensorBase& t) noexcept {
-  const FakeTensorImpl* impl = fake_impl(t);
-  if (impl == nullptr || !impl->meta().defined()) {
-    return {};
-  }
-  return {impl->storage_identity(), static_cast<int64_t>(impl->meta().storage().nbytes())};
-}
-
-bool has_fake_metadata_only(const at::TensorBase& t) noexcept {
-  return t.defined() && !is_fake(t) && t.key_set().has(kFakeKey);
-}
-
 at::Tensor make_fake(at::Tensor meta, c10::Device device) {
   return at::Tensor(c10::make_intrusive<FakeTensorImpl>(std::move(meta), device));
 }

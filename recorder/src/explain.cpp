@@ -1,8 +1,8 @@
 // explain(): the recorded history of a tensor's storage, as one readable line.
 #include <torchdefer/boxed_arguments.h>
-#include <torchdefer/deferred_init.h>
 #include <torchdefer/node_stack.h>
 #include <torchdefer/op_graph.h>
+#include <torchdefer/recording.h>
 
 #include <c10/core/ScalarType.h>
 
@@ -143,7 +143,7 @@ std::set<int64_t> nodes_producing(const OpGraph& graph, int64_t storage) {
 
 }  // namespace
 
-std::string explain(const at::Tensor& t) {
+std::string detail::explain(const at::Tensor& t) {
   const RecordedFake* rec = recorded(t);
   if (rec == nullptr) {
     return is_fake(t) ? describe(t) + ": made under a FakeMode, not recorded"

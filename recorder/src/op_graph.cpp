@@ -27,9 +27,10 @@ LiveGraphs& live_graph_list() {
 }  // namespace
 
 OpGraph::OpGraph(std::string context, std::shared_future<uint64_t> counter_seed,
-                 bool exact_generator)
+                 detail::ValueReader reader, bool exact_generator)
     : context_(std::move(context)),
       counter_seed_(std::move(counter_seed)),
+      value_reader_(reader),
       exact_generator_(exact_generator) {
   live_graphs.fetch_add(1, std::memory_order_relaxed);
   LiveGraphs& list = live_graph_list();

@@ -1,17 +1,15 @@
 // Recording: the boxed fallbacks that append every operator on fakes to an OpGraph (composite ops
-// at kDeferredInitKey, every other op at kFakeKey), and the RecordingScope that deferred_init
-// opens.
+// at kDeferredInitKey, every other op at kFakeKey), and the Recording that deferred_init opens.
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/core_kernels.h>
 #include <torchdefer/data_dependent_ops.h>
-#include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/generator_sharing.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/op_table.h>
+#include <torchdefer/recording.h>
 #include <torchdefer/rng_anchors.h>
 #include <torchdefer/torch_compat.h>
-#include <torchdefer/value_reader.h>
 
 #include "deregistrations.h"
 #include "recorder_kernels.h"
@@ -41,7 +39,7 @@
 namespace torchdefer {
 namespace {
 
-// The graph the innermost RecordingScope on this thread records into.
+// The graph the innermost Recording on this thread records into.
 thread_local std::shared_ptr<OpGraph> tls_graph;
 
 // Where the recorded nodes of one recording hold a real tensor by reference: node and input
@@ -51,11 +49,11 @@ struct RealRead {
   size_t input;
 };
 struct OpenRecording {
-  OpGraph* graph;  // alive while its RecordingScope is
+  OpGraph* graph;  // alive while its Recording is
   std::unordered_map<const c10::StorageImpl*, std::vector<RealRead>> real_reads;
 };
 
-// The RecordingScopes open on this thread, innermost last.
+// The Recordings open on this thread, innermost last.
 thread_local std::vector<OpenRecording> tls_open_recordings;
 
 // Set while a call the recorder took runs below it (Note [Where an op is recorded]).
@@ -72,14 +70,6 @@ class BelowRecordedCall {
   bool saved_;
 };
 
-// Note [Who reads values]
-// ~~~~~~~~~~~~~~~~~~~~~~~
-// Reading a value replays it, and the recorder must not depend on the replay engine. So the
-// recorder declares the ValueReader interface and the entry layer (materialize.cpp), which sits
-// above replay, installs its implementation when the library is loaded, before any deferred_init
-// can run. read_values() raises a clear internal error if nothing was installed.
-std::atomic<const detail::ValueReader*> value_reader{nullptr};
-
 // Note [Reading values while recording]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Model code reads small tensors while it builds itself: drop-path schedules are
@@ -92,12 +82,13 @@ std::atomic<const detail::ValueReader*> value_reader{nullptr};
 // real result: a Scalar for item(), a real tensor for nonzero() (which later recorded ops capture
 // as any real input). The op itself is not recorded: whatever it produced is real.
 //
-// The reader (installed by the entry layer: Note [Who reads values]) replays the history of that
-// value once, on CPU, in torch RNG mode, into storages nobody else sees, and commits nothing: the
-// fakes stay fake, the recording is unchanged, and the default generator is restored to where the
-// recorder keeps it (Note [Torch-mode draw offsets]), so materialization and code after
-// deferred_init see exactly what they would have without the read. The cost is that replay, per
-// read: fine for the small tensors model code reads, a full computation for a large one.
+// The reader (the recording's, given by the entry layer: Note [Who reads values]) replays the
+// history of that value once, on CPU, in torch RNG mode, into storages nobody else sees, and
+// commits nothing: the fakes stay fake, the recording is unchanged, and the default generator is
+// restored to where the recorder keeps it (Note [Torch-mode draw offsets]), so materialization and
+// code after deferred_init see exactly what they would have without the read. The cost is that
+// replay, per read: fine for the small tensors model code reads, a full computation for a large
+// one.
 //
 // The value read is always the torch-mode one, eager's values on CPU, even for a model that will
 // be materialized in counter RNG mode: the read decides control flow during construction, which
@@ -108,7 +99,7 @@ std::atomic<const detail::ValueReader*> value_reader{nullptr};
 //
 // A recording outlives its deferred_init call: the ops run on its fakes afterwards are appended to
 // it (torchtitan-style code constructs first and runs init_weights() after), so outside any
-// RecordingScope a data-dependent op whose fakes all belong to one recording reads them the same
+// Recording a data-dependent op whose fakes all belong to one recording reads them the same
 // way, from that recording's graph as it stands. Eager would have read the values at this point of
 // the program, after the ops recorded so far, which is exactly what the replay computes.
 
@@ -302,7 +293,7 @@ void for_each_tensor(const c10::IValue& value, const F& f) {
 //     have no values to read; the Fake layer refuses those writes as before.
 //  2. A recorded node holds a real input by reference, so that the graph costs no bytes per
 //     element. When construction is about to write into a real tensor that recorded nodes read
-//     (any in-place or out= op reaches the recorder while a RecordingScope is open, recorded or
+//     (any in-place or out= op reaches the recorder while a Recording is open, recorded or
 //     not), the recorder first gives those nodes a private copy of the contents they read (a
 //     constant, as for borrowed memory). Eager's order of reads and writes is kept, and the copy
 //     costs the tensor's bytes once, only for real tensors construction both reads and rewrites.
@@ -314,7 +305,7 @@ void for_each_tensor(const c10::IValue& value, const F& f) {
 // ~~~~~~~~~~~~~~~~~~~~~~
 // The recorder sees each call where it is still the call the model's code made (Note [Where an op
 // is recorded]): aten::linear, not the aten::addmm its composite kernel decomposes into. It
-// records the call only when the call involves fakes: a factory under a RecordingScope, or an op
+// records the call only when the call involves fakes: a factory under a Recording, or an op
 // with a fake argument, before or after deferred_init returned (every recorded fake carries
 // kDeferredInitKey, so `m->to(torch::kBFloat16)` or tying weights afterwards is recorded too).
 // Ops on real tensors alone are real computations and run unrecorded. The op then runs below the
@@ -593,10 +584,12 @@ class Recorder {
   }
 
  private:
-  // Note [Conjugate and negative views of fakes]: `conj()` of a complex tensor (also through
-  // `.mH`, `.H`, `adjoint()`) and `_neg_view` make views that carry a conjugate or negative bit,
-  // which fakes do not keep; recording one would materialize the plain values, a silent
-  // difference from eager. Found by the real-library suite's conjugate deepcopy case. `.mH`,
+  // Note [Conjugate and negative views of fakes]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // `conj()` of a complex tensor (also through `.mH`, `.H`, `adjoint()`) and `_neg_view` make views
+  // that carry a conjugate or negative bit, which fakes do not keep; recording one would
+  // materialize the plain values, a silent difference from eager. Found by the real-library suite's
+  // conjugate deepcopy case. `.mH`,
   // `.H` and `adjoint()` are composites whose _conj runs below this key, so they are refused by
   // name for a complex input: the Python layer refuses them while recording, this catches them on
   // recorded fakes after deferred_init returned too, where `.mH` materialized unconjugated values.
@@ -795,7 +788,7 @@ class Recorder {
             return t;
           }
           device = device.value_or(t.device());
-          const at::Tensor values = read_values(t);
+          const at::Tensor values = detail::read_values(t);
           return destination && !destination->is_cpu() ? values.to(*destination) : values;
         });
       }
@@ -1054,12 +1047,12 @@ class Recorder {
 // Note [The common call]
 // ~~~~~~~~~~~~~~~~~~~~~~
 // Nearly every call of a model's construction is a factory (empty, zeros) or an in-place
-// initialization (uniform_, normal_, mul_, clamp_), made inside a RecordingScope with fakes of
+// initialization (uniform_, normal_, mul_, clamp_), made inside a Recording with fakes of
 // that recording as its only tensors. The Recorder's general path asks every call what only rare
 // calls need (real tensors read or written, values read, fakes of another recording, calls after
 // deferred_init returned, composite ops, bit views), each a walk over the arguments or a look at
 // the thread's state, and those walks were most of what recording added to a FakeMode
-// construction (docs/results.md). So a call at the Fake key, on a thread with a RecordingScope
+// construction (docs/results.md). So a call at the Fake key, on a thread with a Recording
 // open, whose operator has none of the rare traits and a simple shape (OperatorFacts::common), is
 // first described by CommonCall in one walk that checks as it goes that every tensor is absent
 // or a fake of that recording. The first one that is not abandons the description, and the call
@@ -1264,6 +1257,8 @@ bool carries_deferred_init_key(const c10::OperatorHandle& op, const torch::jit::
 
 }  // namespace
 
+namespace detail {
+
 at::Tensor read_values(const at::Tensor& t) {
   if (!is_fake(t)) {
     return t;
@@ -1278,9 +1273,7 @@ at::Tensor read_values(const at::Tensor& t) {
               rec->graph->context(),
               "): a recording reads only its own values. Read it before or after this "
               "deferred_init, or materialize it first (materialize_tensor).");
-  const detail::ValueReader* reader = value_reader.load();
-  TORCH_INTERNAL_ASSERT(reader != nullptr, "torchdefer: no value reader is installed");
-  return reader->read(t);
+  return rec->graph->value_reader()(t);  // Note [Who reads values]
 }
 
 bool made_in_inference_mode(const at::Tensor& t) {
@@ -1310,13 +1303,11 @@ void refuse_inference_tensor(const std::string& what) {
 
 void settle_default_generator(bool about_to_read) {
   if (about_to_read) {
-    detail::settle_generator_exactly();
+    settle_generator_exactly();
     return;
   }
-  detail::settle_generator();
+  settle_generator();
 }
-
-namespace detail {
 
 void deferred_init_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                             torch::jit::Stack* stack) {
@@ -1348,47 +1339,24 @@ void recording_fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet 
   Recorder(op, facts, stack, Position::kAtFakeKey).run(keys);
 }
 
-void install_value_reader(const ValueReader& reader) {
-  const ValueReader* expected = nullptr;
-  TORCH_INTERNAL_ASSERT(
-      value_reader.compare_exchange_strong(expected, &reader) || expected == &reader,
-      "torchdefer: a second value reader is installed");
-}
-
-}  // namespace detail
-
-RecordingScope::RecordingScope(std::string context, DeferredInitOptions options)
+Recording::Recording(std::string context, bool exact_generator, ValueReader reader)
     : include_deferred_init_(kDeferredInitKey),
       saved_graph_(tls_graph),
-      exact_generator_(options.exact_generator()) {
-  detail::enter_recording();  // Note [Replays that lend themselves the default generator]
+      exact_generator_(exact_generator) {
+  enter_recording();  // Note [Replays that lend themselves the default generator]
   try {
-    auto graph = std::make_shared<OpGraph>(std::move(context), detail::default_generator_digest(),
-                                           options.exact_generator());
+    auto graph = std::make_shared<OpGraph>(std::move(context), default_generator_digest(), reader,
+                                           exact_generator);
     tls_open_recordings.push_back({graph.get(), {}});
     tls_graph = std::move(graph);
   } catch (...) {
-    detail::leave_recording();
+    leave_recording();
     throw;
   }
 }
 
-// Note [A scope dropped on another thread]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A RecordingScope changes its thread's state (the deferred_init key, the open recordings, the
-// thread's graph) and must end on that thread; a C++ guard always does. A Python block entered and
-// never exited (a thread that ended inside it, a suspended generator) is dropped by whichever
-// thread releases its last reference, which cannot restore another thread's state: destroying the
-// scope there crashed or corrupted the dropping thread. The bindings give such a scope up instead:
-// it is left to its thread, and it stops counting as an open recording (Note [Replays that lend
-// themselves the default generator]), so that other threads' replays are not refused for good.
-void abandon_on_another_thread(std::unique_ptr<RecordingScope> scope) {
-  detail::forget_recording_of_another_thread();
-  (void)scope.release();
-}
-
-RecordingScope::~RecordingScope() {
-  detail::leave_recording();
+Recording::~Recording() {
+  leave_recording();
   tls_open_recordings.pop_back();
   const std::weak_ptr<OpGraph> ended = tls_graph;
   tls_graph = std::move(saved_graph_);
@@ -1396,13 +1364,13 @@ RecordingScope::~RecordingScope() {
     forget_autocast_casts();
   }
   if (!exact_generator_) {
-    detail::settle_generator();
+    settle_generator();
     // Note [Samplers nothing keeps]: a recording that ends with no fake left pays now.
-    detail::pay_generator_debt_of_finished({ended});
+    pay_generator_debt_of_finished({ended});
     return;
   }
   try {
-    detail::settle_generator_exactly();
+    settle_generator_exactly();
   } catch (const c10::Error& e) {
     // A destructor must not throw; the generator stays owed, and the warning says why.
     TORCH_WARN("torchdefer: exact_generator: could not resolve the random ops of this recording: ",
@@ -1410,4 +1378,5 @@ RecordingScope::~RecordingScope() {
   }
 }
 
+}  // namespace detail
 }  // namespace torchdefer

@@ -40,8 +40,6 @@ namespace {
 //     tests/python/test_registrations.py checks that nothing else changes.
 //  4. The operator torchdefer::trunc_normal_ in torchdefer's own namespace (Note [trunc_normal_ as
 //     one operator]), which only the Python package calls while recording.
-//  5. The replay engine installs itself as the recorder's value reader (value_reader.h), a
-//     pointer only the recorder reads.
 //
 // Not at load, but when the first fake on a device type with no device guard at all is made
 // (a fake CUDA tensor in a CPU-only build): a stand-in guard for that type (Note [Stand-in device

@@ -4,12 +4,12 @@
 #include "deregistrations.h"
 
 #include <torchdefer/boxed_arguments.h>
-#include <torchdefer/deferred_init.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/generator_sharing.h>
 #include <torchdefer/mt19937_jump.h>
 #include <torchdefer/node_stack.h>
 #include <torchdefer/op_table.h>
+#include <torchdefer/recording.h>
 #include <torchdefer/rng_anchors.h>
 #include <torchdefer/torch_compat.h>
 

@@ -1,8 +1,8 @@
 // The counter RNG: Philox known answers, its own math, its distributions, and the property that
 // makes sharding work: any region of an op's output is generated on its own with the full
 // tensor's bits.
-#include <torchdefer/build_info.h>
 #include <torchdefer/counter_rng.h>
+#include <torchdefer/extension.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

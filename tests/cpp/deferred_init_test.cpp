@@ -1,4 +1,5 @@
 // deferred_init and the op graph: what is recorded, when, and what is left behind.
+#include <torchdefer/extension.h>
 #include <torchdefer/op_graph.h>
 #include <torchdefer/torch_compat.h>
 #include <torchdefer/torchdefer.h>

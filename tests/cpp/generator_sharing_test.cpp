@@ -1,7 +1,7 @@
 // Note [Replays that lend themselves the default generator]: such a replay beside a recording on
 // another thread is refused at whichever starts second, and waits for another thread's such
 // replay to end; one thread may do all of them.
-#include <torchdefer/deferred_init.h>
+#include <torchdefer/extension.h>
 #include <torchdefer/generator_sharing.h>
 
 #include <gtest/gtest.h>

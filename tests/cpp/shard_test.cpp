@@ -1,5 +1,6 @@
 // Sharded materialization: every rank computes its slice alone, and for any world size the
 // slices concatenate to exactly the full counter-mode tensor.
+#include <torchdefer/extension.h>
 #include <torchdefer/torchdefer.h>
 
 #include <gmock/gmock.h>

@@ -4,18 +4,27 @@
 //   auto model = torchdefer::deferred_init([&] { return Llama(config); });
 //   torchdefer::materialize_module(*model);                               // whole model, CPU
 //   torchdefer::materialize_module(*model->layers[3], MaterializeOptions().device(at::kCUDA));
+//
+// Checkpoints that materialize_module reads parameters and buffers from, initializing from the
+// recording only what the checkpoint lacks (docs/checkpoints.md):
+//
+//   auto model = torchdefer::deferred_init([&] { return Classifier(config); });
+//   auto stats = torchdefer::materialize_module(
+//       *model, MaterializeOptions().checkpoint(torchdefer::open_safetensors("ckpt/")));
 #pragma once
 
-#include <torchdefer/checkpoint.h>
 #include <torchdefer/deferred_init.h>
 #include <torchdefer/export.h>
 #include <torchdefer/shard.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +34,43 @@ class Module;
 }  // namespace torch::nn
 
 namespace torchdefer {
+
+// What a checkpoint says about one tensor it holds.
+struct CheckpointTensor {
+  std::vector<int64_t> sizes;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+
+// One read of a batch: the elements of `name` inside `box` into `out`, as CheckpointReader::read.
+struct CheckpointRead {
+  std::string name;
+  Box box;
+  at::Tensor out;
+};
+
+// A source of named tensors that can read any box of any of them. Implementations must be safe
+// to read from one thread at a time; materialize_module reads each tensor once, all of a call's
+// tensors in one read_all.
+class TORCHDEFER_API CheckpointReader {
+ public:
+  virtual ~CheckpointReader() = default;
+  // Every tensor it holds, by name.
+  virtual const std::map<std::string, CheckpointTensor>& tensors() const = 0;
+  // Writes the elements of `name` inside `box` into `out`: a contiguous tensor of the box's
+  // sizes whose dtype the stored one casts to (c10::canCast), on any device. Throws c10::Error
+  // naming the tensor and the file when the bytes cannot be read.
+  virtual void read(const std::string& name, const Box& box, const at::Tensor& out) const = 0;
+  // Performs every read of `reads`, in any order; the default calls read() for each in turn. A
+  // reader that reads a batch faster than its parts (DCP plans one load for all of them)
+  // overrides it.
+  virtual void read_all(const std::vector<CheckpointRead>& reads) const;
+};
+
+// A safetensors checkpoint: a `.safetensors` file, a `model.safetensors.index.json` (or the
+// directory holding one, as save_pretrained writes it with sharded files), or a directory
+// holding a single `model.safetensors`. Reads only headers when opened; read() then fetches
+// just the bytes of a box with pread (Note [Reading a box of a safetensors tensor]).
+TORCHDEFER_API std::shared_ptr<CheckpointReader> open_safetensors(const std::string& path);
 
 // How random ops are replayed.
 enum class RngMode {
@@ -189,25 +235,6 @@ TORCHDEFER_API void materialize_tensors(const std::vector<at::Tensor>& tensors,
 // Returns what it did per tensor.
 TORCHDEFER_API MaterializeStats materialize_module(torch::nn::Module& module,
                                                    const MaterializeOptions& options = {});
-
-// A tensor of a module, by qualified name, for callers that walk their own module trees (the
-// Python package). Shard layouts split parameters and keep buffers whole.
-struct NamedTensor {
-  std::string name;
-  at::Tensor tensor;
-  bool parameter = true;
-};
-
-// materialize_module for a list of named tensors (check_fn and buffers_only are the caller's).
-TORCHDEFER_API MaterializeStats materialize_named_tensors(const std::vector<NamedTensor>& tensors,
-                                                          const MaterializeOptions& options = {});
-
-// The same with a checkpoint: `module_tensors` names every parameter and buffer of the module,
-// under each of its names (tied ones), real ones and those check_fn skips included, so that the
-// checkpoint's names are checked against the whole module (Note [Checking a checkpoint first]).
-TORCHDEFER_API MaterializeStats materialize_named_tensors(
-    const std::vector<NamedTensor>& tensors, const std::vector<NamedTensor>& module_tensors,
-    const MaterializeOptions& options);
 
 // True if any parameter or buffer of `module` or its children is still fake.
 TORCHDEFER_API bool is_deferred(const torch::nn::Module& module);

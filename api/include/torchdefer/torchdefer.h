@@ -2,9 +2,7 @@
 // allocating it, then materialize exactly the part each rank needs. Include this one header.
 #pragma once
 
-#include <torchdefer/build_info.h>
 #include <torchdefer/deferred_init.h>
-#include <torchdefer/deferred_init_guard.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/materialize.h>
 #include <torchdefer/shard.h>

@@ -14,7 +14,6 @@
 #include <c10/core/Device.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
-#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -22,19 +21,6 @@ namespace torchdefer {
 
 // True if `t` is a fake tensor: it has shape, dtype and device but no storage.
 TORCHDEFER_API bool is_fake(const at::TensorBase& t) noexcept;
-
-// True if `t` is a real tensor that `.data = fake` gave a fake's metadata and dispatch keys but
-// not its recording: it can be neither read nor materialized (the Python package refuses it).
-TORCHDEFER_API bool has_fake_metadata_only(const at::TensorBase& t) noexcept;
-
-// The storage a fake shares with its views and detached copies: two fakes alias exactly when
-// their identities are equal. What Python's deepcopy keys its storage copies by; {nullptr, 0} for
-// a tensor that is not fake.
-struct FakeStorage {
-  const void* identity = nullptr;
-  int64_t nbytes = 0;
-};
-TORCHDEFER_API FakeStorage fake_storage(const at::TensorBase& t) noexcept;
 
 // A one-line description that never touches data, e.g. "fake float32[4096, 4096] on cuda:0" or
 // "float32[3] on cpu" for a real tensor. Used by every error message about a tensor.

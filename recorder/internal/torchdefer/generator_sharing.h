@@ -27,17 +27,17 @@ namespace torchdefer::detail {
 // nothing and runs beside anything. A replay waiting for another must not be what that one waits
 // for: a custom op kernel that blocks on the waiting thread deadlocks.
 
-// A RecordingScope opening on this thread (throws if another thread's replay lends itself the
+// A Recording opening on this thread (throws if another thread's replay lends itself the
 // default generator), and closing.
 void enter_recording();
 void leave_recording();
-// A RecordingScope that cannot end on its thread (Note [A scope dropped on another thread],
-// recording.cpp): the count of recordings forgets it, so that other threads' replays are not
-// refused for good.
+// A Recording that cannot end on its thread (Note [A scope dropped on another thread],
+// api/src/extension.cpp): the count of recordings forgets it, so that other threads' replays are
+// not refused for good.
 void forget_recording_of_another_thread();
 
 // Marks, for its lifetime, the placing of random op `op` recorded on a returned model's fakes (no
-// RecordingScope open: an init_weights() after deferred_init), which reads the default generator
+// Recording open: an init_weights() after deferred_init), which reads the default generator
 // as a recording does; throws if another thread's replay lends itself the generator.
 class RandomOpAfterReturnMark {
  public:
@@ -48,7 +48,7 @@ class RandomOpAfterReturnMark {
 };
 
 // Marks, for its lifetime, a replay on this thread that lends itself the default generator: waits
-// while another thread runs such a replay, and throws if another thread has a RecordingScope
+// while another thread runs such a replay, and throws if another thread has a Recording
 // open. `first_op` names the replay's first op that may draw from the generator, for the message;
 // `counter_is_a_way_out` says whether the replay would draw nothing from it with rng="counter".
 class DefaultGeneratorReplayMark {

@@ -5,6 +5,7 @@
 #include <torchdefer/ambient_state.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/graph_mutex.h>
+#include <torchdefer/recording.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -332,14 +333,16 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   // first asked for (Note [A recording that starts during a jump] in
   // recorder/src/background_jump.h). `exact_generator` is its deferred_init's option, which random
   // ops recorded after that call returned follow too (Note [The generator after deferred_init]).
+  // `reader` reads its values (Note [Who reads values]).
   OpGraph(std::string context, std::shared_future<uint64_t> counter_seed,
-          bool exact_generator = false);
+          detail::ValueReader reader, bool exact_generator);
   ~OpGraph();
   OpGraph(const OpGraph&) = delete;
   OpGraph& operator=(const OpGraph&) = delete;
 
   const std::string& context() const { return context_; }
   bool exact_generator() const { return exact_generator_; }
+  detail::ValueReader value_reader() const { return value_reader_; }
 
   // The recorded program. Nodes, values and storages are only ever appended; read them while no
   // other thread records into this graph.
@@ -362,7 +365,7 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
 
   // Note [A recording's own lists]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // The thread inside this graph's RecordingScope describes its common calls (Note [The common
+  // The thread inside this graph's Recording describes its common calls (Note [The common
   // call] in recording.cpp) straight into arenas that only it writes: a call's arguments and
   // inputs are constructed where its node will view them, before the call runs and without the
   // lock, and the node is then appended under the lock as any other (add_described_node()).
@@ -467,6 +470,7 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   ska::flat_hash_set<int64_t> inference_values_;
   uint64_t random_ops_ = 0;
   const std::shared_future<uint64_t> counter_seed_;
+  const detail::ValueReader value_reader_;
   const bool exact_generator_;
   GraphMutex mutex_;
   std::atomic<int64_t> node_count_{0};  // nodes_.size(), for live_recorded_nodes()

@@ -3,6 +3,17 @@
 //
 //   auto linear = torchdefer::deferred_init<torch::nn::Linear>(8192, 8192);
 //   auto model = torchdefer::deferred_init([&] { return Llama(config); });
+//
+// DeferredInitGuard does the same for a block of code instead of a callable:
+//
+//   torch::manual_seed(0);
+//   std::shared_ptr<Llama> model;
+//   {
+//     torchdefer::DeferredInitGuard deferred("Llama");
+//     model = std::make_shared<Llama>(config);
+//     head = torch::nn::Linear(4096, 32000);
+//   }
+//   torchdefer::materialize_module(*model);  // eager's values, bit for bit (torch RNG mode)
 #pragma once
 
 #include <torchdefer/export.h>
@@ -11,7 +22,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Type.h>
 
-#include <cstdint>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -19,8 +30,6 @@
 #include <utility>
 
 namespace torchdefer {
-
-class OpGraph;
 
 // Options of one deferred_init call, builder-style:
 //   deferred_init(DeferredInitOptions().exact_generator(true), [&] { return Llama(config); });
@@ -50,32 +59,38 @@ template <typename First, typename... Rest>
 struct StartsWithOptions<First, Rest...> : std::is_same<std::decay_t<First>, DeferredInitOptions> {
 };
 
+class Recording;
+
 }  // namespace detail
 
-// What deferred_init opens around construction; exported for bindings that open and close it
-// themselves (the Python package's deferred_init). While a RecordingScope lives on a thread,
-// factories return fakes (as under FakeMode) and every operator on fakes is recorded into a new
-// OpGraph (Note [The op graph]). Scopes nest, each with its own graph; a scope that unwinds
-// because construction threw leaves no key in TLS, and its graph goes away with the fakes that
-// referred to it.
-class TORCHDEFER_API RecordingScope {
+// Note [A guard is a scope]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// deferred_init opens a guard around its callable, so a guarded block behaves as the callable
+// would: guards nest with each other and with deferred_init (each inner one records its own
+// graph), other threads are untouched, the default generator is left where eager construction
+// leaves it, and an exception that unwinds the guard leaves no recording state behind (the fakes
+// built so far stay fake). The recording state is a per-thread stack, so
+// a guard must end on its thread, after every guard created inside it: a local variable always
+// does. The guard can be neither copied, moved nor allocated with new, so that it cannot outlive
+// its block or end on another thread.
+class TORCHDEFER_API DeferredInitGuard {
  public:
-  explicit RecordingScope(std::string context, DeferredInitOptions options = {});
-  ~RecordingScope();
-  RecordingScope(const RecordingScope&) = delete;
-  RecordingScope& operator=(const RecordingScope&) = delete;
+  // `context` names the block in errors ("while recording aten::view in deferred_init of
+  // <context>"); `options` are deferred_init's (DeferredInitOptions::exact_generator).
+  explicit DeferredInitGuard(std::string context = "DeferredInitGuard",
+                             DeferredInitOptions options = {});
+  ~DeferredInitGuard();
+
+  DeferredInitGuard(const DeferredInitGuard&) = delete;
+  DeferredInitGuard& operator=(const DeferredInitGuard&) = delete;
+  DeferredInitGuard(DeferredInitGuard&&) = delete;
+  DeferredInitGuard& operator=(DeferredInitGuard&&) = delete;
+  static void* operator new(std::size_t) = delete;
+  static void* operator new[](std::size_t) = delete;
 
  private:
-  FakeMode fake_;
-  c10::impl::IncludeDispatchKeyGuard include_deferred_init_;
-  std::shared_ptr<OpGraph> saved_graph_;
-  bool exact_generator_;
+  std::unique_ptr<detail::Recording> recording_;  // Note [Who reads values]
 };
-
-// Gives up `scope` on a thread other than the one that opened it, which cannot restore that
-// thread's state (Note [A scope dropped on another thread], recording.cpp): the scope is left to
-// its thread, never destroyed, and no longer counts as a recording open in the process.
-TORCHDEFER_API void abandon_on_another_thread(std::unique_ptr<RecordingScope> scope);
 
 // Constructs `ModuleHolder(args...)` (a torch::nn module holder such as torch::nn::Linear, or any
 // type) with its parameters and buffers fake and their initialization recorded.
@@ -84,7 +99,7 @@ template <typename ModuleHolder, typename... Args,
                                !detail::StartsWithOptions<Args...>::value,
                            int> = 0>
 ModuleHolder deferred_init(Args&&... args) {
-  RecordingScope scope(c10::demangle_type<ModuleHolder>());
+  DeferredInitGuard guard(c10::demangle_type<ModuleHolder>());
   return ModuleHolder(std::forward<Args>(args)...);
 }
 
@@ -95,7 +110,7 @@ template <int&... ExplicitArgumentBarrier, typename F, typename... Args,
           std::enable_if_t<
               std::is_invocable_v<F&&, Args&&...> && !detail::StartsWithOptions<F>::value, int> = 0>
 std::invoke_result_t<F&&, Args&&...> deferred_init(F&& f, Args&&... args) {
-  RecordingScope scope(c10::demangle_type<std::decay_t<F>>());
+  DeferredInitGuard guard(c10::demangle_type<std::decay_t<F>>());
   return std::invoke(std::forward<F>(f), std::forward<Args>(args)...);
 }
 
@@ -104,7 +119,7 @@ std::invoke_result_t<F&&, Args&&...> deferred_init(F&& f, Args&&... args) {
 template <typename ModuleHolder, typename... Args,
           std::enable_if_t<std::is_constructible_v<ModuleHolder, Args&&...>, int> = 0>
 ModuleHolder deferred_init(const DeferredInitOptions& options, Args&&... args) {
-  RecordingScope scope(c10::demangle_type<ModuleHolder>(), options);
+  DeferredInitGuard guard(c10::demangle_type<ModuleHolder>(), options);
   return ModuleHolder(std::forward<Args>(args)...);
 }
 
@@ -112,7 +127,7 @@ template <int&... ExplicitArgumentBarrier, typename F, typename... Args,
           std::enable_if_t<std::is_invocable_v<F&&, Args&&...>, int> = 0>
 std::invoke_result_t<F&&, Args&&...> deferred_init(const DeferredInitOptions& options, F&& f,
                                                    Args&&... args) {
-  RecordingScope scope(c10::demangle_type<std::decay_t<F>>(), options);
+  DeferredInitGuard guard(c10::demangle_type<std::decay_t<F>>(), options);
   return std::invoke(std::forward<F>(f), std::forward<Args>(args)...);
 }
 
@@ -123,29 +138,6 @@ std::invoke_result_t<F&&, Args&&...> deferred_init(const DeferredInitOptions& op
 // Returns `t` itself when it is real; raises for a fake of a FakeMode, or, inside a deferred_init,
 // of a recording that is not the one in progress on this thread.
 TORCHDEFER_API at::Tensor read_values(const at::Tensor& t);
-
-// Whether the recorded fake `t` was made while torch.inference_mode() was on, where eager makes an
-// inference tensor that materialization would not (Note [Inference mode while recording]).
-TORCHDEFER_API bool made_in_inference_mode(const at::Tensor& t);
-
-// How many tensors recordings in this process made in inference mode so far: Python's
-// deferred_init looks for one in the module it returns only when this moved.
-TORCHDEFER_API uint64_t inference_tensors_made();
-
-// Refuses a tensor made_in_inference_mode(), `what` naming it ("cannot materialize w: it").
-[[noreturn]] TORCHDEFER_API void refuse_inference_tensor(const std::string& what);
-
-// Inside deferred_init: leaves PyTorch's default CPU generator where eager construction would
-// have it at this point, for code about to read or set its state (torch.get_rng_state,
-// torch.random.fork_rng). The recorder applies a recording's draws to the generator lazily, in
-// one jump (Note [Torch-mode draw offsets]); this applies them now, resolving value-dependent
-// samplers first if any (Note [Lazy RNG anchors]), and the next random op starts a new anchor.
-// Does nothing when no draws are pending (Note [The generator's state read while recording] in
-// bindings/torchdefer/_generator_state.py). With `about_to_read` false (code about to set the
-// state: torch.manual_seed, set_rng_state), value-dependent samplers are not resolved: the set
-// makes their draws moot, and the generator stays owed until the set replaces it (Note [The owed
-// generator's mark]), so a reseed costs no eager work.
-TORCHDEFER_API void settle_default_generator(bool about_to_read = true);
 
 // The recorded operations that will produce `t`'s data, in order, one line, e.g.
 // "empty([4096, 4096]) → uniform_(-0.015625, 0.015625)". Says so when `t` is real or a fake that
