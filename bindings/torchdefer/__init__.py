@@ -38,7 +38,7 @@ if torch.__version__.split("+")[0] != _BUILT_FOR_TORCH:
     raise ImportError(
         f"torchdefer was compiled against torch {_BUILT_FOR_TORCH}, but torch {torch.__version__} "
         "is installed; their C++ ABIs differ. Rebuild torchdefer against this torch: "
-        "`pip install --no-build-isolation .` in its checkout (docs/python.md)."
+        "`pip install .` in its checkout (docs/python.md)."
     )
 
 # After the check: a mismatched _C may not even load.
