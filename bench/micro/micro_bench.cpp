@@ -2,7 +2,8 @@
 // in docs/benchmarks.md. Names are '/'-separated fields, parseable without looking at counters:
 //
 //   BM_CounterFill/<op>/<dtype>/at_threads:<n>   counter_fill of a 64 MiB pre-faulted buffer;
-//       op: uniform, normal, bernoulli, random, exponential; dtype: f32, f64, f16, bf16;
+//       op: uniform, normal, bernoulli, random, exponential, log_normal, cauchy; dtype: f32, f64,
+//       f16, bf16;
 //       at_threads: ATen intra-op threads (at::set_num_threads; 1 and all cores). bytes_per_second
 //       is the output written.
 //   BM_CounterFillSmall/<op>/<dtype>/at_threads:<n>  counter_fill of 4M pre-faulted elements,
@@ -111,7 +112,9 @@ void register_counter_fill() {
                                {"normal", {CounterDistribution::kNormal, 0.0, 0.02}},
                                {"bernoulli", {CounterDistribution::kBernoulli, 0.9}},
                                {"random", random},
-                               {"exponential", {CounterDistribution::kExponential, 1.0}}};
+                               {"exponential", {CounterDistribution::kExponential, 1.0}},
+                               {"log_normal", {CounterDistribution::kLogNormal, 0.0, 0.5}},
+                               {"cauchy", {CounterDistribution::kCauchy, 0.0, 1.0}}};
   for (const Op& op : ops) {
     for (const DtypeName& dtype : fill_dtypes()) {
       for (const int threads : thread_counts()) {

@@ -85,10 +85,11 @@ math::ElementParams element_params(const CounterDistributionParams& p, uint64_t 
 
 // Note [Vectorized counter fill]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Initialization is almost all uniform and normal draws, so those (and bernoulli and exponential)
-// have vector kernels for float32, float64, float16 and bfloat16 outputs. Their Philox rounds,
-// log, sincos and Box–Muller are counter_math.h's templates instantiated for vector lanes (Note
-// [One definition of the counter math]): the same IEEE operations in the same order, lane by
+// Initialization is almost all uniform and normal draws, so those (and bernoulli, exponential,
+// log-normal, Cauchy and the truncated normal) have vector kernels for float32, float64, float16
+// and bfloat16 outputs; geometric and random take the scalar path. Their Philox rounds, log,
+// exp, sincos, erfinv and Box–Muller are counter_math.h's templates instantiated for vector lanes
+// (Note [One definition of the counter math]): the same IEEE operations in the same order, lane by
 // lane, as the scalar path and the CUDA kernel; the rest (where each element's words sit, the
 // correctly rounded conversions and stores) is the kernel's own. counter_rng_test.cpp checks
 // every kernel element by element against a reference written from Note [Counter RNG], across
@@ -163,6 +164,10 @@ std::optional<counter_simd::Op> simd_op(CounterDistribution distribution) {
       return counter_simd::Op::kExponential;
     case CounterDistribution::kTruncatedNormal:
       return counter_simd::Op::kTruncatedNormal;
+    case CounterDistribution::kLogNormal:
+      return counter_simd::Op::kLogNormal;
+    case CounterDistribution::kCauchy:
+      return counter_simd::Op::kCauchy;
     default:
       return std::nullopt;
   }

@@ -308,6 +308,42 @@ Chains truncated_normal(const Job& job, const Chains& u) {
   return out;
 }
 
+// e^x as counter_math::exp computes it: +∞ above 709.78 and 0 below −745.13, where the lanes'
+// own values (replaced by 0 for exp_in_range) are not used.
+Chains exp(const Chains& x) {
+  __mmask8 over[kChains], under[kChains];
+  Chains inside;
+  for (int i = 0; i < kChains; ++i) {
+    over[i] = _mm512_cmp_pd_mask(x.v[i], _mm512_set1_pd(709.78), _CMP_GT_OQ);
+    under[i] = _mm512_cmp_pd_mask(x.v[i], _mm512_set1_pd(-745.13), _CMP_LT_OQ);
+    inside.v[i] = _mm512_mask_blend_pd(over[i] | under[i], x.v[i], _mm512_setzero_pd());
+  }
+  Chains e = counter_math::exp_in_range<Chains>(inside);
+  for (int i = 0; i < kChains; ++i) {
+    e.v[i] = _mm512_mask_blend_pd(over[i], e.v[i], _mm512_set1_pd(__builtin_inf()));
+    e.v[i] = _mm512_mask_blend_pd(under[i], e.v[i], _mm512_setzero_pd());
+  }
+  return e;
+}
+
+// Cauchy's a + b·tan(π(u − ½)) from its uniform u, as counter_math::element computes it.
+Chains cauchy(const Job& job, const Chains& u) {
+  Chains s, c;
+  counter_math::sincos_2pi<Chains>((u - 0.5) * 0.5, &s, &c);
+  return job.a + job.b * (s / c);
+}
+
+// The normal pair's two values for D's op: mean + std·z, or e to that (log-normal).
+void normal_values(const Job& job, const Chains& c, const Chains& s, Chains* cos_value,
+                   Chains* sin_value) {
+  *cos_value = job.a + job.b * c;
+  *sin_value = job.a + job.b * s;
+  if (job.op == Op::kLogNormal) {
+    *cos_value = exp(*cos_value);
+    *sin_value = exp(*sin_value);
+  }
+}
+
 // float32 to float16 bits, to nearest even; NaN becomes the sign and 0x7E00, as c10::Half does.
 __m256i to_half(__m512 f) {
   const __m256i h = _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -405,7 +441,7 @@ void interleave(__m512d c, __m512d s, __m512d* lo, __m512d* hi) {
 template <Dtype D>
 void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVectors],
                   const Wrap& wrap) {
-  if (job.op == Op::kNormal) {
+  if (job.op == Op::kNormal || job.op == Op::kLogNormal) {
     // Each 64-bit lane is one pair: u1 from its low word, u2 from its high word.
     for (int v = 0; v < kGroupVectors; v += kChains) {
       Chains u1, u2, c, s;
@@ -415,15 +451,17 @@ void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVecto
         u2.v[i] = _mm512_cvtepu32_pd(_mm512_cvtepi64_epi32(_mm512_srli_epi64(w, 32))) / kTwoPow32;
       }
       counter_math::box_muller<Chains>(u1, u2, &c, &s);
+      Chains cos_value, sin_value;
+      normal_values(job, c, s, &cos_value, &sin_value);
       for (int i = 0; i < kChains; ++i) {
         __m512d lo, hi;
-        interleave(job.a + job.b * c.v[i], job.a + job.b * s.v[i], &lo, &hi);
+        interleave(cos_value.v[i], sin_value.v[i], &lo, &hi);
         store16<D>(job.out, index + 16 * (v + i), lo, hi, wrap);
       }
     }
     return;
   }
-  if (job.op == Op::kExponential || job.op == Op::kTruncatedNormal) {
+  if (job.op == Op::kExponential || job.op == Op::kTruncatedNormal || job.op == Op::kCauchy) {
     // Two registers of elements per vector of words.
     for (int v = 0; v < kGroupVectors; v += kChains / 2) {
       Chains x;
@@ -436,6 +474,8 @@ void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVecto
       if (job.op == Op::kExponential) {
         // −ln(u)/λ, u = (w + 1)·2^-32.
         value = -counter_math::log<Chains>((x + 1.0) / kTwoPow32) / job.a;
+      } else if (job.op == Op::kCauchy) {
+        value = cauchy(job, x * 0x1p-24);  // u = (w >> 8)·2^-24
       } else {
         // The uniform over [u_low, u_high), u = (w >> 8)·2^-24.
         value = truncated_normal(job, job.u_low + (job.u_high - job.u_low) * (x * 0x1p-24));
@@ -467,7 +507,9 @@ void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVecto
         break;
       }
       case Op::kNormal:
+      case Op::kLogNormal:
       case Op::kExponential:
+      case Op::kCauchy:
       case Op::kTruncatedNormal:
         break;
     }
@@ -482,7 +524,7 @@ __m512d top53(__m512i x) { return _mm512_cvtepu64_pd(_mm512_srli_epi64(x, 11)); 
 void wide_group(const Job& job, int64_t index, const __m512i words[kGroupVectors],
                 const Wrap& wrap) {
   double* out = static_cast<double*>(job.out) + index;
-  if (job.op == Op::kNormal) {
+  if (job.op == Op::kNormal || job.op == Op::kLogNormal) {
     // A pair per block: u1 from the block's first 64-bit word, u2 from its second.
     const __m512i first = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14);
     const __m512i second = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
@@ -495,24 +537,27 @@ void wide_group(const Job& job, int64_t index, const __m512i words[kGroupVectors
         u2.v[i] = top53(_mm512_permutex2var_epi64(a, second, b)) * 0x1p-53;
       }
       counter_math::box_muller<Chains>(u1, u2, &c, &s);
+      Chains cos_value, sin_value;
+      normal_values(job, c, s, &cos_value, &sin_value);
       for (int i = 0; i < kChains; ++i) {
         __m512d lo, hi;
-        interleave(job.a + job.b * c.v[i], job.a + job.b * s.v[i], &lo, &hi);
+        interleave(cos_value.v[i], sin_value.v[i], &lo, &hi);
         _mm512_storeu_pd(out + 8 * (v + 2 * i), lo);
         _mm512_storeu_pd(out + 8 * (v + 2 * i) + 8, hi);
       }
     }
     return;
   }
-  if (job.op == Op::kExponential || job.op == Op::kTruncatedNormal) {
+  if (job.op == Op::kExponential || job.op == Op::kTruncatedNormal || job.op == Op::kCauchy) {
     for (int v = 0; v < kGroupVectors; v += kChains) {
       Chains x;
       for (int i = 0; i < kChains; ++i) {
         x.v[i] = top53(words[v + i]);
       }
       const Chains value =
-          job.op == Op::kExponential
-              ? -counter_math::log<Chains>((x + 1.0) * 0x1p-53) / job.a
+          job.op == Op::kExponential ? -counter_math::log<Chains>((x + 1.0) * 0x1p-53) / job.a
+          : job.op == Op::kCauchy
+              ? cauchy(job, x * 0x1p-53)
               : truncated_normal(job, job.u_low + (job.u_high - job.u_low) * (x * 0x1p-53));
       for (int i = 0; i < kChains; ++i) {
         _mm512_storeu_pd(out + 8 * (v + i), value.v[i]);

@@ -10,7 +10,15 @@
 
 namespace torchdefer::counter_simd {
 
-enum class Op { kUniform, kNormal, kBernoulli, kExponential, kTruncatedNormal };
+enum class Op {
+  kUniform,
+  kNormal,
+  kBernoulli,
+  kExponential,
+  kTruncatedNormal,
+  kLogNormal,
+  kCauchy
+};
 enum class Dtype { kFloat, kDouble, kHalf, kBFloat16 };
 
 // Elements [first, first + count) of one random op's output, stored contiguously at `out`.

@@ -101,8 +101,8 @@ TEST(CounterRng, Float32UniformMatchesTheNoteElementByElement) {
   }
 }
 
-// Note [Counter RNG] for element e of a uniform, normal, bernoulli, exponential or truncated
-// normal op, written out
+// Note [Counter RNG] for element e of a uniform, normal, log-normal, Cauchy, bernoulli,
+// exponential or truncated normal op, written out
 // from philox4x32_10 and counter_math alone: the value in double, before rounding to the dtype.
 double reference_double(const CounterDistributionParams& p, bool wide, uint64_t seed,
                         uint64_t stream, uint64_t e) {
@@ -137,6 +137,18 @@ double reference_double(const CounterDistributionParams& p, bool wide, uint64_t 
       double s, c;
       counter_math::sincos_2pi(u2, &s, &c);
       return p.a + p.b * (e % 2 == 1 ? r * s : r * c);
+    }
+    case Distribution::kLogNormal: {
+      CounterDistributionParams normal = p;
+      normal.distribution = Distribution::kNormal;
+      return counter_math::exp(reference_double(normal, wide, seed, stream, e));
+    }
+    case Distribution::kCauchy: {
+      const double u = wide ? static_cast<double>(draw64(block(e / 2), e % 2) >> 11) * 0x1p-53
+                            : static_cast<double>(block(e / 4)[e % 4] >> 8) * 0x1p-24;
+      double s, c;
+      counter_math::sincos_2pi((u - 0.5) * 0.5, &s, &c);
+      return p.a + p.b * (s / c);
     }
     case Distribution::kBernoulli:
       return static_cast<double>(block(e / 4)[e % 4]) / two_pow_32 < p.a ? 1.0 : 0.0;
@@ -228,6 +240,9 @@ void expect_every_path_matches_reference() {
       {Distribution::kNormal, 0.5, 2.0},
       {Distribution::kBernoulli, 0.3},
       {Distribution::kExponential, 1.5},
+      {Distribution::kLogNormal, 0.1, 0.5},
+      {Distribution::kLogNormal, 300.0, 200.0},  // e^x beyond both ends of its range
+      {Distribution::kCauchy, 0.5, 2.0},
       // ±2σ: a twentieth of the elements in erfinv's tail region; bounds far out: u ∈ [−1, 1),
       // a tenth in the tail, and u = −1 (erfinv −∞, clamped) where the draw is 0.
       truncated_normal(0.0, 0.02, -0.04, 0.04),
