@@ -2,8 +2,8 @@
 // in docs/benchmarks.md. Names are '/'-separated fields, parseable without looking at counters:
 //
 //   BM_CounterFill/<op>/<dtype>/at_threads:<n>   counter_fill of a 64 MiB pre-faulted buffer;
-//       op: uniform, normal, bernoulli, random, exponential, log_normal, cauchy; dtype: f32, f64,
-//       f16, bf16;
+//       op: uniform, normal, bernoulli, random, exponential, log_normal, cauchy, geometric;
+//       dtype: f32, f64, f16, bf16;
 //       at_threads: ATen intra-op threads (at::set_num_threads; 1 and all cores). bytes_per_second
 //       is the output written.
 //   BM_CounterFillSmall/<op>/<dtype>/at_threads:<n>  counter_fill of 4M pre-faulted elements,
@@ -114,7 +114,8 @@ void register_counter_fill() {
                                {"random", random},
                                {"exponential", {CounterDistribution::kExponential, 1.0}},
                                {"log_normal", {CounterDistribution::kLogNormal, 0.0, 0.5}},
-                               {"cauchy", {CounterDistribution::kCauchy, 0.0, 1.0}}};
+                               {"cauchy", {CounterDistribution::kCauchy, 0.0, 1.0}},
+                               {"geometric", {CounterDistribution::kGeometric, 0.25}}};
   for (const Op& op : ops) {
     for (const DtypeName& dtype : fill_dtypes()) {
       for (const int threads : thread_counts()) {

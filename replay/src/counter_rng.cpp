@@ -85,15 +85,15 @@ math::ElementParams element_params(const CounterDistributionParams& p, uint64_t 
 
 // Note [Vectorized counter fill]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Initialization is almost all uniform and normal draws, so those (and bernoulli, exponential,
-// log-normal, Cauchy and the truncated normal) have vector kernels for float32, float64, float16
-// and bfloat16 outputs; geometric and random take the scalar path. Their Philox rounds, log,
-// exp, sincos, erfinv and Box–Muller are counter_math.h's templates instantiated for vector lanes
-// (Note [One definition of the counter math]): the same IEEE operations in the same order, lane by
-// lane, as the scalar path and the CUDA kernel; the rest (where each element's words sit, the
-// correctly rounded conversions and stores) is the kernel's own. counter_rng_test.cpp checks
-// every kernel element by element against a reference written from Note [Counter RNG], across
-// region offsets that start and end mid-block and mid-group.
+// Initialization is almost all uniform, normal and truncated-normal draws, so those (and
+// bernoulli, exponential, log-normal, Cauchy and geometric) have vector kernels for float32,
+// float64, float16 and bfloat16 outputs; random takes the scalar path. Their Philox
+// rounds, log, exp, sincos, erfinv and Box–Muller are counter_math.h's templates instantiated for
+// vector lanes (Note [One definition of the counter math]): the same IEEE operations in the same
+// order, lane by lane, as the scalar path and the CUDA kernel; the rest (where each element's words
+// sit, the correctly rounded conversions and stores) is the kernel's own. counter_rng_test.cpp
+// checks every kernel element by element against a reference written from Note [Counter RNG],
+// across region offsets that start and end mid-block and mid-group.
 //
 //  * AVX-512 (F, DQ, BW, VL; counter_rng_avx512.cpp, its own translation unit compiled for that
 //    instruction set): every kernel above. Philox runs four independent sets of 16 blocks at once
@@ -168,6 +168,8 @@ std::optional<counter_simd::Op> simd_op(CounterDistribution distribution) {
       return counter_simd::Op::kLogNormal;
     case CounterDistribution::kCauchy:
       return counter_simd::Op::kCauchy;
+    case CounterDistribution::kGeometric:
+      return counter_simd::Op::kGeometric;
     default:
       return std::nullopt;
   }

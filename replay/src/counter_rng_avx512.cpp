@@ -333,6 +333,22 @@ Chains cauchy(const Job& job, const Chains& u) {
   return job.a + job.b * (s / c);
 }
 
+// Geometric's max(1, ⌈ln u / ln(1 − p)⌉) from its u ∈ (0, 1], as counter_math::element computes
+// it: ⌈·⌉ through a truncation to int64 (x86's 0x8000000000000000 where it does not fit, as the
+// scalar conversion gives).
+Chains geometric(const Job& job, const Chains& u) {
+  const Chains trials = counter_math::log<Chains>(u) / counter_math::log<double>(1.0 - job.a);
+  Chains out;
+  for (int i = 0; i < kChains; ++i) {
+    const __m512d k = _mm512_cvtepi64_pd(_mm512_cvttpd_epi64(trials.v[i]));
+    const __m512d ceiling = _mm512_mask_add_pd(k, _mm512_cmp_pd_mask(k, trials.v[i], _CMP_LT_OQ), k,
+                                               _mm512_set1_pd(1.0));
+    const __mmask8 above_one = _mm512_cmp_pd_mask(_mm512_set1_pd(1.0), ceiling, _CMP_LT_OQ);
+    out.v[i] = _mm512_mask_blend_pd(above_one, _mm512_set1_pd(1.0), ceiling);
+  }
+  return out;
+}
+
 // The normal pair's two values for D's op: mean + std·z, or e to that (log-normal).
 void normal_values(const Job& job, const Chains& c, const Chains& s, Chains* cos_value,
                    Chains* sin_value) {
@@ -461,13 +477,14 @@ void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVecto
     }
     return;
   }
-  if (job.op == Op::kExponential || job.op == Op::kTruncatedNormal || job.op == Op::kCauchy) {
+  if (job.op == Op::kExponential || job.op == Op::kTruncatedNormal || job.op == Op::kCauchy ||
+      job.op == Op::kGeometric) {
     // Two registers of elements per vector of words.
     for (int v = 0; v < kGroupVectors; v += kChains / 2) {
       Chains x;
       for (int i = 0; i < kChains / 2; ++i) {
-        const __m512i w =
-            job.op == Op::kExponential ? words[v + i] : _mm512_srli_epi32(words[v + i], 8);
+        const bool whole_word = job.op == Op::kExponential || job.op == Op::kGeometric;
+        const __m512i w = whole_word ? words[v + i] : _mm512_srli_epi32(words[v + i], 8);
         words_to_double(w, &x.v[2 * i], &x.v[2 * i + 1]);
       }
       Chains value;
@@ -476,6 +493,8 @@ void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVecto
         value = -counter_math::log<Chains>((x + 1.0) / kTwoPow32) / job.a;
       } else if (job.op == Op::kCauchy) {
         value = cauchy(job, x * 0x1p-24);  // u = (w >> 8)·2^-24
+      } else if (job.op == Op::kGeometric) {
+        value = geometric(job, (x + 1.0) / kTwoPow32);  // u = (w + 1)·2^-32
       } else {
         // The uniform over [u_low, u_high), u = (w >> 8)·2^-24.
         value = truncated_normal(job, job.u_low + (job.u_high - job.u_low) * (x * 0x1p-24));
@@ -510,6 +529,7 @@ void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVecto
       case Op::kLogNormal:
       case Op::kExponential:
       case Op::kCauchy:
+      case Op::kGeometric:
       case Op::kTruncatedNormal:
         break;
     }
@@ -548,7 +568,8 @@ void wide_group(const Job& job, int64_t index, const __m512i words[kGroupVectors
     }
     return;
   }
-  if (job.op == Op::kExponential || job.op == Op::kTruncatedNormal || job.op == Op::kCauchy) {
+  if (job.op == Op::kExponential || job.op == Op::kTruncatedNormal || job.op == Op::kCauchy ||
+      job.op == Op::kGeometric) {
     for (int v = 0; v < kGroupVectors; v += kChains) {
       Chains x;
       for (int i = 0; i < kChains; ++i) {
@@ -556,6 +577,7 @@ void wide_group(const Job& job, int64_t index, const __m512i words[kGroupVectors
       }
       const Chains value =
           job.op == Op::kExponential ? -counter_math::log<Chains>((x + 1.0) * 0x1p-53) / job.a
+          : job.op == Op::kGeometric ? geometric(job, (x + 1.0) * 0x1p-53)
           : job.op == Op::kCauchy
               ? cauchy(job, x * 0x1p-53)
               : truncated_normal(job, job.u_low + (job.u_high - job.u_low) * (x * 0x1p-53));

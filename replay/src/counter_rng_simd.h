@@ -17,7 +17,8 @@ enum class Op {
   kExponential,
   kTruncatedNormal,
   kLogNormal,
-  kCauchy
+  kCauchy,
+  kGeometric
 };
 enum class Dtype { kFloat, kDouble, kHalf, kBFloat16 };
 

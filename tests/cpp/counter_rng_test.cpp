@@ -101,8 +101,8 @@ TEST(CounterRng, Float32UniformMatchesTheNoteElementByElement) {
   }
 }
 
-// Note [Counter RNG] for element e of a uniform, normal, log-normal, Cauchy, bernoulli,
-// exponential or truncated normal op, written out
+// Note [Counter RNG] for element e of a uniform, normal, log-normal, Cauchy, geometric,
+// bernoulli, exponential or truncated normal op, written out
 // from philox4x32_10 and counter_math alone: the value in double, before rounding to the dtype.
 double reference_double(const CounterDistributionParams& p, bool wide, uint64_t seed,
                         uint64_t stream, uint64_t e) {
@@ -149,6 +149,12 @@ double reference_double(const CounterDistributionParams& p, bool wide, uint64_t 
       double s, c;
       counter_math::sincos_2pi((u - 0.5) * 0.5, &s, &c);
       return p.a + p.b * (s / c);
+    }
+    case Distribution::kGeometric: {
+      const double u = wide ? static_cast<double>((draw64(block(e / 2), e % 2) >> 11) + 1) * 0x1p-53
+                            : (static_cast<double>(block(e / 4)[e % 4]) + 1.0) / two_pow_32;
+      const double ceiling = std::ceil(counter_math::log(u) / counter_math::log(1.0 - p.a));
+      return ceiling > 1.0 ? ceiling : 1.0;
     }
     case Distribution::kBernoulli:
       return static_cast<double>(block(e / 4)[e % 4]) / two_pow_32 < p.a ? 1.0 : 0.0;
@@ -243,6 +249,8 @@ void expect_every_path_matches_reference() {
       {Distribution::kLogNormal, 0.1, 0.5},
       {Distribution::kLogNormal, 300.0, 200.0},  // e^x beyond both ends of its range
       {Distribution::kCauchy, 0.5, 2.0},
+      {Distribution::kGeometric, 0.25},
+      {Distribution::kGeometric, 1e-9},  // trials in the billions
       // ±2σ: a twentieth of the elements in erfinv's tail region; bounds far out: u ∈ [−1, 1),
       // a tenth in the tail, and u = −1 (erfinv −∞, clamped) where the draw is 0.
       truncated_normal(0.0, 0.02, -0.04, 0.04),
