@@ -86,8 +86,8 @@ math::ElementParams element_params(const CounterDistributionParams& p, uint64_t 
 // Note [Vectorized counter fill]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Initialization is almost all uniform, normal and truncated-normal draws, so those (and
-// bernoulli, exponential, log-normal, Cauchy and geometric) have vector kernels for float32,
-// float64, float16 and bfloat16 outputs; random takes the scalar path. Their Philox
+// bernoulli, exponential, log-normal, Cauchy, geometric and random over at most 2^32 values)
+// have vector kernels for float32, float64, float16 and bfloat16 outputs. Their Philox
 // rounds, log, exp, sincos, erfinv and Box–Muller are counter_math.h's templates instantiated for
 // vector lanes (Note [One definition of the counter math]): the same IEEE operations in the same
 // order, lane by lane, as the scalar path and the CUDA kernel; the rest (where each element's words
@@ -170,6 +170,8 @@ std::optional<counter_simd::Op> simd_op(CounterDistribution distribution) {
       return counter_simd::Op::kCauchy;
     case CounterDistribution::kGeometric:
       return counter_simd::Op::kGeometric;
+    case CounterDistribution::kRandom:
+      return counter_simd::Op::kRandom;
     default:
       return std::nullopt;
   }
@@ -231,7 +233,7 @@ int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
   constexpr std::optional<counter_simd::Dtype> dtype = simd_dtype<T>();
   const std::optional<counter_simd::Op> op =
       simd_op(static_cast<CounterDistribution>(params.distribution));
-  if (!dtype || !op) {
+  if (!dtype || !op || (*op == counter_simd::Op::kRandom && params.wide)) {
     return 0;
   }
 #ifdef TORCHDEFER_X86_KERNELS
@@ -252,6 +254,9 @@ int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
   job.high = params.high;
   job.u_low = params.u_low;
   job.u_high = params.u_high;
+  job.from = params.from;
+  job.range =
+      params.range == 0 ? math::default_random_range<typename Element<T>::type>() : params.range;
   job.seed = params.seed;
   job.stream = params.stream;
   // Note [Partial groups]

@@ -415,8 +415,8 @@ Wrap make_wrap(bool enabled, double from, double to) {
 template <Dtype D>
 void store16(void* out, int64_t index, __m512d lo, __m512d hi, const Wrap& wrap) {
   if constexpr (D == Dtype::kDouble) {
-    // Float64 reaches here only for bernoulli (0 or 1: nothing to wrap); its uniform takes
-    // wide_group, which wraps.
+    // Float64 reaches here only for bernoulli and random with a range of at most 2^32 (32-bit
+    // draws, integers: nothing to wrap); its uniform takes wide_group, which wraps.
     double* dst = static_cast<double*>(out) + index;
     _mm512_storeu_pd(dst, lo);
     _mm512_storeu_pd(dst + 8, hi);
@@ -516,6 +516,26 @@ void narrow_group(const Job& job, int64_t index, const __m512i words[kGroupVecto
         hi = job.a + range * (hi * 0x1p-24);
         break;
       }
+      case Op::kRandom: {
+        // from + draw mod range, exactly: the quotient in double is off by at most one, which
+        // the remainder's sign and size correct.
+        const __m512i range = _mm512_set1_epi64(static_cast<int64_t>(job.range));
+        const __m512d range_d = _mm512_set1_pd(static_cast<double>(job.range));
+        __m512d halves[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m512i draw = _mm512_cvtepu32_epi64(
+              h == 0 ? _mm512_castsi512_si256(words[v]) : _mm512_extracti64x4_epi64(words[v], 1));
+          const __m512i q = _mm512_cvttpd_epi64(_mm512_div_pd(_mm512_cvtepi64_pd(draw), range_d));
+          __m512i r = _mm512_sub_epi64(draw, _mm512_mullo_epi64(q, range));
+          r = _mm512_mask_add_epi64(r, _mm512_cmplt_epi64_mask(r, _mm512_setzero_si512()), r,
+                                    range);
+          r = _mm512_mask_sub_epi64(r, _mm512_cmpge_epi64_mask(r, range), r, range);
+          halves[h] = _mm512_cvtepi64_pd(_mm512_add_epi64(r, _mm512_set1_epi64(job.from)));
+        }
+        lo = halves[0];
+        hi = halves[1];
+        break;
+      }
       case Op::kBernoulli: {
         words_to_double(words[v], &lo, &hi);
         const __m512d p = _mm512_set1_pd(job.a);
@@ -597,7 +617,8 @@ void wide_group(const Job& job, int64_t index, const __m512i words[kGroupVectors
 
 template <Dtype D>
 int64_t fill(const Job& job) {
-  const bool wide = D == Dtype::kDouble && job.op != Op::kBernoulli;
+  // Random's width is its range's (the caller sends only 32-bit draws here), not the dtype's.
+  const bool wide = D == Dtype::kDouble && job.op != Op::kBernoulli && job.op != Op::kRandom;
   const int64_t per_block = wide ? 2 : 4;
   const int64_t per_group = per_block * kGroupBlocks;
   const int64_t groups = job.count / per_group;

@@ -18,7 +18,8 @@ enum class Op {
   kTruncatedNormal,
   kLogNormal,
   kCauchy,
-  kGeometric
+  kGeometric,
+  kRandom  // 32-bit draws only: a range of at most 2^32
 };
 enum class Dtype { kFloat, kDouble, kHalf, kBFloat16 };
 
@@ -37,6 +38,8 @@ struct Job {
   double high = 0.0;    //
   double u_low = 0.0;   // and erf of the standardized bounds over √2 (counter_math::for_dtype)
   double u_high = 0.0;  //
+  int64_t from = 0;     // kRandom: the first value,
+  uint64_t range = 0;   // and how many (the dtype's default resolved)
   uint64_t seed = 0;
   uint64_t stream = 0;
 };

@@ -102,7 +102,7 @@ TEST(CounterRng, Float32UniformMatchesTheNoteElementByElement) {
 }
 
 // Note [Counter RNG] for element e of a uniform, normal, log-normal, Cauchy, geometric,
-// bernoulli, exponential or truncated normal op, written out
+// random (its range resolved), bernoulli, exponential or truncated normal op, written out
 // from philox4x32_10 and counter_math alone: the value in double, before rounding to the dtype.
 double reference_double(const CounterDistributionParams& p, bool wide, uint64_t seed,
                         uint64_t stream, uint64_t e) {
@@ -156,6 +156,10 @@ double reference_double(const CounterDistributionParams& p, bool wide, uint64_t 
       const double ceiling = std::ceil(counter_math::log(u) / counter_math::log(1.0 - p.a));
       return ceiling > 1.0 ? ceiling : 1.0;
     }
+    case Distribution::kRandom: {
+      const uint64_t draw = wide ? draw64(block(e / 2), e % 2) : block(e / 4)[e % 4];
+      return static_cast<double>(p.from + static_cast<int64_t>(draw % p.range));
+    }
     case Distribution::kBernoulli:
       return static_cast<double>(block(e / 4)[e % 4]) / two_pow_32 < p.a ? 1.0 : 0.0;
     case Distribution::kExponential: {
@@ -191,6 +195,19 @@ T round_to(double value) {
 template <typename T>
 T reference_element(const CounterDistributionParams& p, uint64_t seed, uint64_t stream,
                     uint64_t e) {
+  if (p.distribution == Distribution::kRandom) {
+    // The dtype's default range: every integer it holds exactly from 0 (Note [Counter RNG]).
+    CounterDistributionParams random = p;
+    if (random.range == 0) {
+      random.range = (uint64_t{1} << (std::is_same_v<T, double>          ? 53
+                                      : std::is_same_v<T, float>         ? 24
+                                      : std::is_same_v<T, c10::BFloat16> ? 8
+                                                                         : 11)) +
+                     1;
+    }
+    return round_to<T>(
+        reference_double(random, random.range > (uint64_t{1} << 32), seed, stream, e));
+  }
   const bool wide = std::is_same_v<T, double> && p.distribution != Distribution::kBernoulli;
   const T value = round_to<T>(reference_double(p, wide, seed, stream, e));
   if (p.distribution == Distribution::kUniform &&
@@ -236,6 +253,13 @@ CounterDistributionParams truncated_normal(double mean, double std, double low, 
   return p;
 }
 
+CounterDistributionParams random_params(int64_t from, uint64_t range) {
+  CounterDistributionParams p{Distribution::kRandom};
+  p.from = from;
+  p.range = range;
+  return p;
+}
+
 template <typename T>
 void expect_every_path_matches_reference() {
   const double inf = std::numeric_limits<double>::infinity();
@@ -251,6 +275,9 @@ void expect_every_path_matches_reference() {
       {Distribution::kCauchy, 0.5, 2.0},
       {Distribution::kGeometric, 0.25},
       {Distribution::kGeometric, 1e-9},  // trials in the billions
+      random_params(-7, 1000),
+      random_params(0, 0),  // the dtype's default range (64-bit draws for float64)
+      random_params(int64_t{1} << 40, (uint64_t{1} << 32) - 5),
       // ±2σ: a twentieth of the elements in erfinv's tail region; bounds far out: u ∈ [−1, 1),
       // a tenth in the tail, and u = −1 (erfinv −∞, clamped) where the draw is 0.
       truncated_normal(0.0, 0.02, -0.04, 0.04),
