@@ -192,10 +192,6 @@ std::optional<counter_simd::Op> simd_op(CounterDistribution distribution) {
 template <typename S>
 int64_t truncated_normal_fill(S* out, uint64_t e, int64_t count, const math::ElementParams& params,
                               math::Draws& draws) {
-  const Isa isa = counter_isa();
-  if (isa == Isa::kScalar) {
-    return 0;
-  }
   double u[counter_simd::kErfinvChunk];
   double z[counter_simd::kErfinvChunk];
   for (int64_t done = 0; done < count;) {
@@ -203,11 +199,7 @@ int64_t truncated_normal_fill(S* out, uint64_t e, int64_t count, const math::Ele
     for (int64_t j = 0; j < n; ++j) {
       u[j] = math::truncated_normal_uniform(params, draws, e + static_cast<uint64_t>(done + j));
     }
-    if (isa == Isa::kAvx512) {
-      counter_simd::erfinv_avx512(u, z, n);
-    } else {
-      counter_simd::erfinv_avx2(u, z, n);
-    }
+    counter_simd::erfinv_avx2(u, z, n);
     for (int64_t j = 0; j < n; ++j) {
       out[done + j] = math::truncated_normal_value<S>(params, z[j]);
     }

@@ -6,7 +6,6 @@
 
 #define TORCHDEFER_COUNTER_ISA avx512
 #include "counter_math.h"
-#include "counter_rng_erfinv.h"
 
 #include <immintrin.h>
 
@@ -637,10 +636,6 @@ int64_t fill(const Job& job) {
 }
 
 }  // namespace
-
-void erfinv_avx512(const double* u, double* out, int64_t count) {
-  counter_math::erfinv_lanes<Chains>(u, out, count);
-}
 
 int64_t fill_avx512(const Job& job) {
   switch (job.dtype) {

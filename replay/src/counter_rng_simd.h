@@ -50,12 +50,12 @@ bool avx512_available();
 // Whether they support the AVX2 kernels (AVX2, FMA and F16C).
 bool avx2_available();
 
-// The most elements one erfinv_* call takes.
+// The most elements one erfinv_avx2 call takes.
 constexpr int64_t kErfinvChunk = 1024;
 
 // out[i] = counter_math::erfinv(u[i]) for i < count ≤ kErfinvChunk, bit for bit (Note
-// [Vectorized truncated normal]). Only where avx512_available(), avx2_available() respectively.
-void erfinv_avx512(const double* u, double* out, int64_t count);
+// [Vectorized truncated normal]: the float64 truncated normal with AVX2). Only where
+// avx2_available().
 void erfinv_avx2(const double* u, double* out, int64_t count);
 
 // The Philox blocks of one group of each kernel.
