@@ -310,40 +310,40 @@ void fill_typed(const at::Tensor& out, const math::ElementParams& generic,
   constexpr int64_t kChunk = 4 * counter_simd::kAvx512GroupBlocks;
   constexpr int64_t kGrainElements = 8192;
   const int64_t chunks = (numel + kChunk - 1) / kChunk;
-  at::parallel_for(0, chunks, kGrainElements / kChunk,
-                   [&](int64_t first_chunk, int64_t last_chunk) {
-                     const int64_t begin = first_chunk * kChunk;
-                     const int64_t end = std::min(numel, last_chunk * kChunk);
-                     math::Draws draws(params);
-                     int64_t k = begin;
-                     while (k < end) {
-                       const int64_t row = k / row_length;
-                       const int64_t first = k % row_length;
-                       const int64_t last = std::min(row_length, first + (end - k));
-                       int64_t rest = row;
-                       int64_t offset = 0;
-                       int64_t global = 0;
-                       for (int64_t d = dims - 2; d >= 0; --d) {
-                         const int64_t i = rest % out.size(d);
-                         rest /= out.size(d);
-                         offset += i * out.stride(d);
-                         global += (index.start[d] + i) * index.global_strides[d];
-                       }
-                       if (dims > 0) {
-                         global += index.start[dims - 1] * last_global_stride;
-                       }
-                       int64_t j = first;
-                       if (last_stride == 1) {
-                         j += vector_fill<T>(data + offset + j, static_cast<uint64_t>(global + j),
-                                             last - j, params, draws);
-                       }
-                       for (; j < last; ++j) {
-                         data[offset + j * last_stride] =
-                             math::element<S>(params, draws, static_cast<uint64_t>(global + j));
-                       }
-                       k += last - first;
-                     }
-                   });
+  const auto fill_elements = [&](int64_t begin, int64_t end) {
+    math::Draws draws(params);
+    int64_t k = begin;
+    while (k < end) {
+      const int64_t row = k / row_length;
+      const int64_t first = k % row_length;
+      const int64_t last = std::min(row_length, first + (end - k));
+      int64_t rest = row;
+      int64_t offset = 0;
+      int64_t global = 0;
+      for (int64_t d = dims - 2; d >= 0; --d) {
+        const int64_t i = rest % out.size(d);
+        rest /= out.size(d);
+        offset += i * out.stride(d);
+        global += (index.start[d] + i) * index.global_strides[d];
+      }
+      if (dims > 0) {
+        global += index.start[dims - 1] * last_global_stride;
+      }
+      int64_t j = first;
+      if (last_stride == 1) {
+        j += vector_fill<T>(data + offset + j, static_cast<uint64_t>(global + j), last - j, params,
+                            draws);
+      }
+      for (; j < last; ++j) {
+        data[offset + j * last_stride] =
+            math::element<S>(params, draws, static_cast<uint64_t>(global + j));
+      }
+      k += last - first;
+    }
+  };
+  at::parallel_for(0, chunks, kGrainElements / kChunk, [&](int64_t first, int64_t last) {
+    fill_elements(first * kChunk, std::min(numel, last * kChunk));
+  });
 }
 
 }  // namespace

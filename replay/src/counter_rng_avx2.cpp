@@ -423,20 +423,20 @@ void truncated_normal16(const Job& job, const __m256i* words, __m256 (&out)[2]) 
   const __m256d one = _mm256_set1_pd(1.0);
   const __m256d nan =
       _mm256_castsi256_pd(_mm256_set1_epi64x(static_cast<int64_t>(0xfff8000000000000ull)));
-  __m256d negative[4], special[4];
+  __m256d negative[4], special[4], unit[4];
   Chains a;
   for (int i = 0; i < 4; ++i) {
     const __m256d magnitude = _mm256_andnot_pd(sign, u.v[i]);
     negative[i] = _mm256_cmp_pd(u.v[i], _mm256_setzero_pd(), _CMP_LT_OQ);
     special[i] = _mm256_cmp_pd(magnitude, one, _CMP_NLT_UQ);  // ±1 and NaN
+    unit[i] = _mm256_cmp_pd(magnitude, one, _CMP_EQ_OQ);
     a.v[i] = _mm256_andnot_pd(special[i], magnitude);
   }
   const Chains g = counter_math::erfinv_magnitude<Chains>(a);
   __m128 values[4];
   for (int i = 0; i < 4; ++i) {
-    const __m256d unit = _mm256_cmp_pd(_mm256_andnot_pd(sign, u.v[i]), one, _CMP_EQ_OQ);
     __m256d x = _mm256_blendv_pd(
-        g.v[i], _mm256_blendv_pd(nan, _mm256_set1_pd(__builtin_inf()), unit), special[i]);
+        g.v[i], _mm256_blendv_pd(nan, _mm256_set1_pd(__builtin_inf()), unit[i]), special[i]);
     x = _mm256_xor_pd(x, _mm256_and_pd(negative[i], sign));
     __m256d value = job.a + job.b * (counter_math::kSqrt2 * x);
     const __m256d low = _mm256_set1_pd(job.low);

@@ -279,12 +279,13 @@ void words_to_double(__m512i words, __m512d* lo, __m512d* hi) {
 // lanes included, and NaN as the x86 default NaN, which to_dtype stores.
 Chains truncated_normal(const Job& job, const Chains& u) {
   const __m512d one = _mm512_set1_pd(1.0);
-  __mmask8 negative[kChains], special[kChains];
+  __mmask8 negative[kChains], special[kChains], unit[kChains];
   Chains a;
   for (int i = 0; i < kChains; ++i) {
     const __m512d magnitude = _mm512_abs_pd(u.v[i]);
     negative[i] = _mm512_cmp_pd_mask(u.v[i], _mm512_setzero_pd(), _CMP_LT_OQ);
     special[i] = _mm512_cmp_pd_mask(magnitude, one, _CMP_NLT_UQ);  // ±1 and NaN
+    unit[i] = _mm512_cmp_pd_mask(magnitude, one, _CMP_EQ_OQ);
     a.v[i] = _mm512_maskz_mov_pd(static_cast<__mmask8>(~special[i]), magnitude);
   }
   const Chains g = counter_math::erfinv_magnitude<Chains>(a);
@@ -293,8 +294,8 @@ Chains truncated_normal(const Job& job, const Chains& u) {
       _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<int64_t>(0xfff8000000000000ull)));
   Chains out;
   for (int i = 0; i < kChains; ++i) {
-    const __mmask8 unit = _mm512_cmp_pd_mask(_mm512_abs_pd(u.v[i]), one, _CMP_EQ_OQ);
-    __m512d x = _mm512_mask_blend_pd(special[i], g.v[i], _mm512_mask_blend_pd(unit, nan, infinity));
+    __m512d x =
+        _mm512_mask_blend_pd(special[i], g.v[i], _mm512_mask_blend_pd(unit[i], nan, infinity));
     x = _mm512_mask_xor_pd(x, negative[i], x, _mm512_set1_pd(-0.0));
     __m512d value = job.a + job.b * (counter_math::kSqrt2 * x);
     const __mmask8 below = _mm512_cmp_pd_mask(value, _mm512_set1_pd(job.low), _CMP_LT_OQ);
