@@ -1,4 +1,4 @@
-# Checks that the LibTorch in use has the two dispatch keys torchdefer is built on
+# Checks that the LibTorch in use has the three dispatch keys torchdefer is built on
 # (Note [Dispatch keys] in core/include/torchdefer/torch_compat.h).
 include(CheckCXXSourceCompiles)
 
@@ -6,7 +6,7 @@ function(torchdefer_check_dispatch_keys)
   set(CMAKE_REQUIRED_INCLUDES ${TORCH_INCLUDE_DIRS})
   set(CMAKE_REQUIRED_FLAGS "${TORCH_CXX_FLAGS}")
   set(CMAKE_REQUIRED_QUIET ON)
-  foreach(key Fake DeferredInit)
+  foreach(key Fake DeferredInit CustomRNGKeyId)
     check_cxx_source_compiles("
       #include <c10/core/DispatchKey.h>
       int main() { return static_cast<int>(c10::DispatchKey::${key}) == 0; }"
@@ -18,5 +18,5 @@ function(torchdefer_check_dispatch_keys)
         "4 names the candidates) and add it to this check.")
     endif()
   endforeach()
-  message(STATUS "torchdefer: dispatch keys Fake and DeferredInit found")
+  message(STATUS "torchdefer: dispatch keys Fake, DeferredInit and CustomRNGKeyId found")
 endfunction()

@@ -3,6 +3,7 @@
 
 #include <torchdefer/counter_rng.h>
 #include <torchdefer/fake_tensor_impl.h>
+#include <torchdefer/followed_generator.h>
 #include <torchdefer/generator_sharing.h>
 #include <torchdefer/recording.h>
 #include <torchdefer/torch_compat.h>
@@ -57,6 +58,10 @@ FakeStorage fake_storage(const at::TensorBase& t) noexcept {
 std::string counter_fill_cpu_capability() { return counter_fill_isa(); }
 
 int counter_scheme_version() { return kCounterSchemeVersion; }
+
+at::Generator followed_generator_of(const at::Generator& original) {
+  return detail::followed_generator_of(original);
+}
 
 bool has_cuda_kernels() { return counter_fill_has_cuda_kernel(); }
 

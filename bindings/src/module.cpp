@@ -3,6 +3,8 @@
 #include <torchdefer/extension.h>
 #include <torchdefer/torchdefer.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -168,6 +170,28 @@ py::dict stats_to_dict(const TensorStats& t) {
   return d;
 }
 
+// Note [Swapping a Python generator]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A torch.Generator object holds its at::Generator by value, and every use of the object (a
+// method, an op given it) reads that member. So following a generator (Note [Followed
+// generators]) replaces the member with a FollowedGenerator of the same state: every Python
+// reference to the object uses the followed generator from then on. The Python package does it
+// for the generator of a trunc_normal_ it records, the sampler whose draws depend on its values;
+// a generator already followed, the default one and other devices' are left as they are. Only
+// under the GIL, which every method of the object holds too.
+void follow_python_generator(py::handle object) {
+  TORCH_CHECK(THPGenerator_Check(object.ptr()), "torchdefer: expected a torch.Generator, got ",
+              py::str(py::type::of(object)).cast<std::string>());
+  auto* python = reinterpret_cast<THPGenerator*>(object.ptr());
+  const at::Generator& generator = python->cdata;
+  if (!generator.device().is_cpu() ||
+      generator.unsafeGetGeneratorImpl() ==
+          at::detail::getDefaultCPUGenerator().unsafeGetGeneratorImpl()) {
+    return;
+  }
+  python->cdata = followed_generator_of(generator);
+}
+
 }  // namespace
 }  // namespace torchdefer
 
@@ -185,6 +209,9 @@ PYBIND11_MODULE(_C, m) {
            py::arg("name"), py::arg("exact_generator") = false)
       .def("__enter__", &RecordingContext::enter)
       .def("__exit__", [](RecordingContext& self, py::args) { self.exit(); });
+
+  m.def("_follow_generator", &follow_python_generator, py::arg("generator"),
+        "Makes a CPU torch.Generator one that recordings follow (Note [Followed generators]).");
 
   m.def("_settle_default_generator", &settle_default_generator, py::arg("about_to_read") = true,
         "Applies this thread's recorded draws to the default CPU generator now.");

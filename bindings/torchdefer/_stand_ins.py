@@ -322,6 +322,8 @@ def _run_trunc_normal(tensor: torch.Tensor, mean: float, std: float, a: float, b
             "The distribution of values may be incorrect.",
             stacklevel=stacklevel + 1,
         )
+    if generator is not None:
+        _C._follow_generator(generator)  # Note [Followed generators]
     with torch.no_grad():
         torch.ops.torchdefer.trunc_normal_(tensor, mean, std, a, b, generator=generator)
 

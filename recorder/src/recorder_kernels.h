@@ -27,6 +27,11 @@ at::Tensor& trunc_normal_kernel(at::Tensor& self, double mean, double std, doubl
 void recording_fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                              torch::jit::Stack* stack);
 
+// The fallback for kFollowedGeneratorKey: pays the followed generators a call is given, unless it
+// computes on meta tensors, and passes the call on (Note [Followed generators]).
+void followed_generator_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                                 torch::jit::Stack* stack);
+
 // How many meta rules loading the library registered (Note [What loading torchdefer changes]).
 int registered_meta_rules();
 

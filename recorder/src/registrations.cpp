@@ -40,6 +40,8 @@ namespace {
 //     tests/python/test_registrations.py checks that nothing else changes.
 //  4. The operator torchdefer::trunc_normal_ in torchdefer's own namespace (Note [trunc_normal_ as
 //     one operator]), which only the Python package calls while recording.
+//  5. A boxed fallback for kFollowedGeneratorKey (Note [Followed generators]). Only the generators
+//     a recording follows carry that key, and only calls given one reach the fallback.
 //
 // Not at load, but when the first fake on a device type with no device guard at all is made
 // (a fake CUDA tensor in a CPU-only build): a stand-in guard for that type (Note [Stand-in device
@@ -110,9 +112,12 @@ struct Registrations {
   Registrations()
       : fake(torch::Library::IMPL, "_", kFakeKey, __FILE__, __LINE__),
         deferred_init(torch::Library::IMPL, "_", kDeferredInitKey, __FILE__, __LINE__),
-        meta(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__) {
+        meta(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__),
+        followed_generator(torch::Library::IMPL, "_", kFollowedGeneratorKey, __FILE__, __LINE__) {
     fake.fallback(torch::CppFunction::makeFromBoxedFunction<&recording_fake_fallback>());
     deferred_init.fallback(torch::CppFunction::makeFromBoxedFunction<&deferred_init_fallback>());
+    followed_generator.fallback(
+        torch::CppFunction::makeFromBoxedFunction<&followed_generator_fallback>());
     meta_rules = register_meta_rules(meta);
     fall_throughs = fall_through_deferred_init_key();
   }
@@ -120,6 +125,7 @@ struct Registrations {
   torch::Library fake;
   torch::Library deferred_init;
   torch::Library meta;
+  torch::Library followed_generator;
   int meta_rules = 0;
   std::vector<c10::RegistrationHandleRAII> fall_throughs;
 };

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 namespace torchdefer {
 namespace {
@@ -72,10 +73,12 @@ std::shared_ptr<RngAnchor> RngAnchor::known_later(std::shared_future<at::Tensor>
 
 std::shared_ptr<RngAnchor> RngAnchor::after(std::shared_ptr<RngAnchor> base, uint64_t offset,
                                             std::optional<RecordedNode> sampler,
-                                            const at::Tensor& sampler_target) {
+                                            const at::Tensor& sampler_target,
+                                            int64_t generator_argument) {
   auto anchor = std::make_shared<RngAnchor>();
   anchor->base_ = std::move(base);
   anchor->offset_ = offset;
+  anchor->generator_argument_ = generator_argument;
   if (sampler) {
     anchor->target_sizes_ = sampler_target.sizes().vec();
     anchor->target_strides_ = sampler_target.strides().vec();
@@ -83,6 +86,10 @@ std::shared_ptr<RngAnchor> RngAnchor::after(std::shared_ptr<RngAnchor> base, uin
     anchor->description_ = c10::str(c10::toString(sampler->op.schema().operator_name()), " on ",
                                     describe(sampler_target));
     anchor->sampler_arguments_ = sampler->arguments.vec();
+    if (generator_argument >= 0) {
+      // Resolution draws from a generator of its own; the user's would keep its own debt alive.
+      anchor->sampler_arguments_.at(static_cast<size_t>(generator_argument)) = c10::IValue();
+    }
     anchor->sampler_inputs_ = sampler->inputs.vec();
     sampler->arguments = anchor->sampler_arguments_;
     sampler->inputs = anchor->sampler_inputs_;
@@ -103,6 +110,11 @@ at::Tensor RngAnchor::state() {
     return state_;
   }
   const at::Tensor start = base_->state();
+  if (generator_argument_ >= 0) {
+    state_ = resolve_on_own_generator(start);
+    forget_sampler();
+    return state_;
+  }
   detail::GeneratorLoan loan;
   place_default_generator(start, offset_);
   if (sampler_) {
@@ -113,22 +125,69 @@ at::Tensor RngAnchor::state() {
   return state_;
 }
 
+// An anchor of a generator of its own: its base state, `offset_` draws on, then the sampler, all
+// on a private generator.
+at::Tensor RngAnchor::resolve_on_own_generator(const at::Tensor& start) {
+  at::Generator own = at::make_generator<at::CPUGeneratorImpl>();
+  own.set_state(start);
+  auto* impl = at::check_generator<at::CPUGeneratorImpl>(own);
+  at::mt19937 engine = impl->engine();
+  mt19937_discard(engine, offset_);
+  impl->set_engine(engine);
+  if (sampler_) {
+    detail::run_sampler_on_scratch(*sampler_, target_sizes_, target_strides_, target_dtype_,
+                                   generator_argument_, own);
+  }
+  return own.get_state();
+}
+
+namespace {
+
+constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ull;
+
+uint64_t fnv(uint64_t hash, const void* data, size_t size) {
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < size; ++i) {
+    hash = (hash ^ bytes[i]) * 0x100000001b3ull;
+  }
+  return hash;
+}
+
+}  // namespace
+
+// Note [Counter keys of explicit generators] (replay/src/recorded_ops.h): a lazy anchor is named by
+// where it starts and what it waits for, never by its state, which only running its samplers
+// gives. Computed oldest first: a trainer's chain can hold an anchor per parameter.
 uint64_t RngAnchor::digest() {
-  const at::Tensor now = state();
   const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
-  if (!digest_) {
-    digest_ = digest_generator_state(now);
+  std::vector<RngAnchor*> pending;
+  for (RngAnchor* a = this; !a->digest_; a = a->base_.get()) {
+    pending.push_back(a);
+    if (a->base_ == nullptr) {
+      break;
+    }
+  }
+  for (auto it = pending.rbegin(); it != pending.rend(); ++it) {
+    RngAnchor& a = **it;
+    if (a.base_ == nullptr) {
+      a.digest_ = digest_generator_state(a.state());
+      continue;
+    }
+    uint64_t hash = digest_position(*a.base_->digest_, a.offset_);
+    if (!a.description_.empty()) {
+      hash = fnv(hash, a.description_.data(), a.description_.size());
+    }
+    a.digest_ = hash;
   }
   return *digest_;
 }
 
 uint64_t digest_generator_state(const at::Tensor& state) {
-  const auto* bytes = state.data_ptr<uint8_t>();
-  uint64_t hash = 0xcbf29ce484222325ull;
-  for (int64_t i = 0; i < state.numel(); ++i) {
-    hash = (hash ^ bytes[i]) * 0x100000001b3ull;
-  }
-  return hash;
+  return fnv(kFnvBasis, state.data_ptr<uint8_t>(), static_cast<size_t>(state.numel()));
+}
+
+uint64_t digest_position(uint64_t anchor, uint64_t offset) {
+  return offset == 0 ? anchor : fnv(anchor, &offset, sizeof(offset));
 }
 
 bool RngAnchor::resolved() const {
@@ -311,7 +370,8 @@ void pay_generator_debt_of_finished(c10::ArrayRef<std::weak_ptr<OpGraph>> record
 }
 
 void run_sampler_on_scratch(const RecordedNode& node, c10::IntArrayRef sizes,
-                            c10::IntArrayRef strides, c10::ScalarType dtype) {
+                            c10::IntArrayRef strides, c10::ScalarType dtype,
+                            int64_t generator_argument, const at::Generator& generator) {
   const c10::FunctionSchema& schema = node.op.schema();
   RealOnlyGuard real_only;
   c10::AutoGradMode no_grad(false);
@@ -320,6 +380,10 @@ void run_sampler_on_scratch(const RecordedNode& node, c10::IntArrayRef sizes,
   for (size_t i = 0; i < node.arguments.size(); ++i) {
     if (schema.arguments()[i].name() == "device" && node.arguments[i].isDevice()) {
       stack.emplace_back(c10::Device(c10::kCPU));
+      continue;
+    }
+    if (static_cast<int64_t>(i) == generator_argument) {
+      stack.emplace_back(generator);
       continue;
     }
     stack.push_back(map_tensors(node.arguments[i], [&](const at::Tensor&) {

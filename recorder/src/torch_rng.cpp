@@ -5,6 +5,7 @@
 
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/fake_tensor.h>
+#include <torchdefer/followed_generator.h>
 #include <torchdefer/generator_sharing.h>
 #include <torchdefer/mt19937_jump.h>
 #include <torchdefer/node_stack.h>
@@ -557,11 +558,89 @@ std::optional<size_t> explicit_generator_argument(const RandomOperator& op,
   return static_cast<size_t>(op.generator);
 }
 
+void run_on_scratch_for_own_generator(const std::shared_ptr<OpGraph>& graph,
+                                      const RecordedNode& node, const DrawPlan& plan,
+                                      c10::ArrayRef<at::Tensor> tensors) {
+  // A sampler that overwrites the tensor it fills (trunc_normal_) needs only its geometry.
+  const bool with_values =
+      plan.kind == DrawPlan::Kind::kRunOnScratchWithValues ||
+      (plan.kind == DrawPlan::Kind::kValueDependent && unresolvable_sampler(node).has_value());
+  try {
+    run_on_scratch(node, tensors, with_values);
+  } catch (c10::Error& e) {
+    e.add_context(c10::str(
+        "torchdefer: ", node.op.schema().operator_name(), " in deferred_init of ", graph->context(),
+        " was run at record time to move its explicit generator as eager construction does",
+        with_values ? ", which needs the values of its fake arguments: compute it while "
+                      "deferred_init runs, from fakes of that recording or real tensors, or "
+                      "after materializing its inputs"
+                    : ""));
+    throw;
+  }
+}
+
+// Note [Followed generators]: the op is placed at the generator's followed position, or at its
+// state now; counted draws move the position, a sampler that can be resolved from its recorded
+// arguments leaves the generator owing it, and anything else runs on scratch now, from the
+// generator paid first.
+RecordedDraws place_on_followed_generator(const std::shared_ptr<OpGraph>& graph,
+                                          const RecordedNode& node, const at::Tensor& target,
+                                          size_t argument, const DrawPlan& plan,
+                                          c10::ArrayRef<at::Tensor> tensors,
+                                          at::Generator& generator, FollowedGenerator& followed) {
+  RecordedDraws draws;
+  draws.generator_argument = static_cast<int64_t>(argument);
+  std::unique_lock<std::mutex> lock(generator.mutex());
+  FollowedGenerator::Position start;
+  const std::optional<FollowedGenerator::Position> position = followed.followed();
+  if (position) {
+    start = *position;
+  } else {
+    start.anchor = RngAnchor::known(at::Tensor::wrap_tensor_impl(
+        followed.at::CPUGeneratorImpl::get_state()));  // not followed: nothing owed to pay
+  }
+  {
+    const auto graph_lock = graph->lock();
+    draws.anchor = graph->add_rng_anchor(start.anchor);
+  }
+  draws.offset = start.offset;
+  if (plan.kind == DrawPlan::Kind::kKnown) {
+    draws.kind = RecordedDraws::Kind::kPlaced;
+    draws.draws = plan.draws;
+    followed.advance(plan.draws);
+    return draws;
+  }
+  draws.kind = RecordedDraws::Kind::kAnchorOnly;
+  // A shape-only scratch kernel on a followed position follows it too, so that whether something
+  // read the generator before it (paying it) does not decide where the chain goes on from.
+  const bool lazy = (plan.kind == DrawPlan::Kind::kValueDependent ||
+                     (plan.kind == DrawPlan::Kind::kRunOnScratch && position)) &&
+                    !unresolvable_sampler(node);
+  if (lazy) {
+    std::shared_ptr<RngAnchor> end =
+        RngAnchor::after(start.anchor, start.offset, node, target, draws.generator_argument);
+    {
+      const auto graph_lock = graph->lock();
+      draws.end_anchor = graph->add_rng_anchor(end);
+    }
+    followed.owe(std::move(end));
+    if (graph->exact_generator()) {
+      followed.pay();
+    }
+    return draws;
+  }
+  followed.pay();
+  lock.unlock();  // the kernel locks the generator itself
+  run_on_scratch_for_own_generator(graph, node, plan, tensors);
+  return draws;
+}
+
 // Note [Explicit generators]: the op is placed at offset 0 from its generator's state now, and
 // the generator is moved as the eager kernel moves it.
 RecordedDraws place_on_own_generator(const std::shared_ptr<OpGraph>& graph,
-                                     const RecordedNode& node, size_t argument,
-                                     const DrawPlan& plan, c10::ArrayRef<at::Tensor> tensors) {
+                                     const RecordedNode& node, const at::Tensor& target,
+                                     size_t argument, const DrawPlan& plan,
+                                     c10::ArrayRef<at::Tensor> tensors) {
   at::Generator generator = node.arguments[argument].toGenerator();
   TORCH_CHECK(generator.device().is_cpu(), "torchdefer: ", node.op.schema().operator_name(),
               " in deferred_init of ", graph->context(), " draws from an explicit ",
@@ -569,6 +648,10 @@ RecordedDraws place_on_own_generator(const std::shared_ptr<OpGraph>& graph,
               " generator, whose state recording cannot leave where eager construction leaves it "
               "(only explicit CPU generators are followed). Draw from a CPU torch.Generator or "
               "from the default generator, or run this op after materializing.");
+  if (FollowedGenerator* followed = followed_generator(generator); followed != nullptr) {
+    return place_on_followed_generator(graph, node, target, argument, plan, tensors, generator,
+                                       *followed);
+  }
   RecordedDraws draws;
   draws.generator_argument = static_cast<int64_t>(argument);
   {
@@ -588,22 +671,7 @@ RecordedDraws place_on_own_generator(const std::shared_ptr<OpGraph>& graph,
     return draws;
   }
   draws.kind = RecordedDraws::Kind::kAnchorOnly;
-  // A sampler that overwrites the tensor it fills (trunc_normal_) needs only its geometry.
-  const bool with_values =
-      plan.kind == DrawPlan::Kind::kRunOnScratchWithValues ||
-      (plan.kind == DrawPlan::Kind::kValueDependent && unresolvable_sampler(node).has_value());
-  try {
-    run_on_scratch(node, tensors, with_values);
-  } catch (c10::Error& e) {
-    e.add_context(c10::str(
-        "torchdefer: ", node.op.schema().operator_name(), " in deferred_init of ", graph->context(),
-        " was run at record time to move its explicit generator as eager construction does",
-        with_values ? ", which needs the values of its fake arguments: compute it while "
-                      "deferred_init runs, from fakes of that recording or real tensors, or "
-                      "after materializing its inputs"
-                    : ""));
-    throw;
-  }
+  run_on_scratch_for_own_generator(graph, node, plan, tensors);
   return draws;
 }
 
@@ -643,7 +711,7 @@ C10_NOINLINE RecordedDraws place_random_node_otherwise(
     after_return.emplace(node.op.schema().name());
   }
   if (const std::optional<size_t> argument = explicit_generator_argument(op, node)) {
-    return place_on_own_generator(graph, node, *argument, plan, tensors);
+    return place_on_own_generator(graph, node, target, *argument, plan, tensors);
   }
   Chain& chain = this_thread_chain();
   continue_chain(chain, graph);

@@ -60,23 +60,25 @@ struct DrawPlan {
 // Note [Explicit generators]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A random op given its own CPU torch.Generator (PEFT's VeRA draws its shared projections from
-// torch.Generator().manual_seed(key)) draws from that generator in eager, not from the default
-// one. Recording saves that generator's state as an anchor of the op's own and places the op at
-// offset 0 from it, then moves the generator exactly as the eager kernel would: by the op's
-// counted draws (one MT19937 jump, Note [MT19937 jump-ahead]), or, where only a run can count
-// them (the kernels of Note [Torch-mode draw offsets] that run on scratch, and the
-// value-dependent samplers, which read their fake arguments' values for it, but for the tensor
-// they overwrite: trunc_normal_ runs on scratch of its target's geometry), by running the op on
-// scratch with that generator at once: an explicit generator is never owed, whatever
-// exact_generator says, so it is where eager leaves it as soon as the op is recorded. It cannot
-// be: its state can be read at any moment (`g.get_state()`, a method of a C type nothing can
-// stand in for), and an owed one would answer a state eager never had. Torch-mode
-// replay runs the op with a private generator set to the anchor, never the user's, so
-// materializing moves no generator; counter mode keys the op by the generator's state at its
-// anchor (Note [Counter keys of explicit generators] in replay/src/recorded_ops.h), and an op with
-// no counter distribution draws from a private generator seeded from that key. A generator of
-// another device is refused when recording, since its state could not be left where eager leaves
-// it.
+// torch.Generator().manual_seed(key); trainers pass one to every init) draws from that generator
+// in eager, not from the default one. Recording places the op on that generator: at its state now
+// (an anchor of the op's own, offset 0), or, for a generator the recorder follows, where its
+// followed chain is (Note [Followed generators] in recorder/internal/torchdefer/
+// followed_generator.h). It then moves the generator exactly as the eager kernel would: by the
+// op's counted draws (one MT19937 jump, Note [MT19937 jump-ahead]); a value-dependent sampler that
+// can be resolved from its recorded arguments (trunc_normal_) on a followed generator leaves the
+// generator owing it, paid the first time anything reads the generator, and so does a shape-only
+// scratch kernel on a followed chain; everything else (the kernels of Note [Torch-mode draw
+// offsets] that run on scratch, the samplers that read their fake arguments' values, and every
+// sampler on a generator that is not followed: a C++ program's, or one under exact_generator)
+// runs on scratch with that generator at once, so that the generator is where eager leaves it as
+// soon as the op is recorded. A generator nothing follows cannot be owed: its state can be read
+// at any moment, and an owed one would answer a state eager never had. Torch-mode replay runs the
+// op with a private generator set to the anchor, never the user's, so materializing moves no
+// generator; counter mode keys the op by its place on the generator (Note [Counter keys of
+// explicit generators] in replay/src/recorded_ops.h), and an op with no counter distribution
+// draws from a private generator seeded from that key. A generator of another device is refused
+// when recording, since its state could not be left where eager leaves it.
 
 // How `node` of `graph` draws (its op table DrawRule applied to this call); `target` is the tensor
 // it fills (its written argument, or its output for factories).

@@ -26,12 +26,12 @@ namespace {
 // with the same scalar arguments as torch's Python code, so that on every device it takes the same
 // draws and gives the same bits as torch.nn.init.trunc_normal_ with the same generator: the
 // normal_-and-redraw loop when the interval holds more than 30% of the mass, otherwise uniform
-// candidates accepted against the log density. Under deferred_init the recorder runs it once at
-// record time on a scratch tensor (moving the generator as eager construction does) and replays
-// it in torch mode; counter mode samples the same distribution its own way (Note [Counter-mode
-// truncated normal]). Given a generator (trainers pass theirs to every init), it draws from that
-// one, as torch's does, and the recorder follows it (Note [Explicit generators]). On meta tensors
-// (the Fake layer's shadows) it only returns `self`.
+// candidates accepted against the log density. Under deferred_init the recorder places it without
+// running it (Note [Lazy RNG anchors]), runs it on a scratch tensor when the generator state after
+// it is first needed, and replays it in torch mode; counter mode samples the same distribution its
+// own way (Note [Counter-mode truncated normal]). Given a generator (trainers pass theirs to every
+// init), it draws from that one, as torch's does, and the recorder follows it (Note [Followed
+// generators]). On meta tensors (the Fake layer's shadows) it only returns `self`.
 
 double normal_cdf(double x) { return (1.0 + std::erf(x / std::sqrt(2.0))) / 2.0; }
 

@@ -123,7 +123,8 @@ CounterKey counter_key(const OpGraph& graph, const RecordedNode& node, uint64_t 
   if (draws.generator_argument < 0) {
     return CounterKey{recording_seed, draws.stream};
   }
-  return CounterKey{graph.rng_anchor(draws.anchor)->digest(), kExplicitGeneratorStream};
+  return CounterKey{digest_position(graph.rng_anchor(draws.anchor)->digest(), draws.offset),
+                    kExplicitGeneratorStream};
 }
 
 uint64_t generator_seed(const CounterKey& key) {

@@ -41,14 +41,19 @@ bool has_counter_definition(const RecordedNode& node);
 // the op's index among the recording's random ops): a digest of the default generator's state
 // when recording began, or MaterializeOptions' counter_seed. A random op given its own CPU
 // torch.Generator (trainers pass one, seeded from their init seed, to every init) follows that
-// generator instead, as it does in eager: its seed is the digest of the generator's full state
-// when the op drew (its anchor: Note [Explicit generators]), which is the generator's seed and its
-// position in its stream together, and its stream is kExplicitGeneratorStream, apart from every
-// default-generator op's index. So two models built from torch.Generator().manual_seed(1) and
-// manual_seed(2) get different counter weights, the same seed gives the same weights whatever the
-// default generator's seed or the counter_seed option, and ops drawn one after another from one
-// generator get different keys, as they get different numbers in eager. The key is a function of
-// the recording alone: every world size and layout computes the same values.
+// generator instead, as it does in eager: its seed names the op's place on the generator, and its
+// stream is kExplicitGeneratorStream, apart from every default-generator op's index. The place is
+// the op's anchor and offset (Note [Explicit generators]): at a state of the generator, the
+// digest of that full state, which is the generator's seed and its position in its stream
+// together; after a sampler the generator owes (Note [Followed generators]), a digest of the
+// anchor the sampler started from, the draws between, and the sampler, since the state after it
+// exists only once it has run, and counter mode runs no sampler. Anything that reads the
+// generator in between (which pays it) leaves the place as it is. So two models built from
+// torch.Generator().manual_seed(1) and manual_seed(2) get different counter weights, the same seed
+// gives the same weights whatever the default generator's seed or the counter_seed option, and ops
+// drawn one after another from one generator get different keys, as they get different numbers in
+// eager. The key is a function of the recording alone: every world size and layout computes the
+// same values.
 inline constexpr uint64_t kExplicitGeneratorStream = uint64_t{1} << 63;
 
 struct CounterKey {

@@ -594,8 +594,10 @@ int64_t GraphReplay::run_node(std::set<int64_t>::const_iterator position) {
   torch::jit::Stack stack = node_stack(
       node, [&](size_t, const RecordedInput& input) { return input_tensor(input, device); },
       device);
+  at::Generator own;
   if (node.draws && node.draws->generator_argument >= 0) {
-    stack.at(static_cast<size_t>(node.draws->generator_argument)) = own_generator(node);
+    own = own_generator(node);
+    stack.at(static_cast<size_t>(node.draws->generator_argument)) = own;
   } else if (node.draws && !config_.counter_rng) {
     place_generator(*node.draws);
   }
@@ -615,7 +617,7 @@ int64_t GraphReplay::run_node(std::set<int64_t>::const_iterator position) {
     node.op.callBoxed(&stack);
   }
   if (node.draws && node.draws->end_anchor >= 0 && !config_.counter_rng) {
-    offer_end_anchor(*node.draws);
+    offer_end_anchor(*node.draws, own.defined() ? own : at::detail::getDefaultCPUGenerator());
   }
   size_t output = 0;
   for (size_t i = 0; i < stack.size(); ++i) {
@@ -636,10 +638,10 @@ int64_t GraphReplay::run_node(std::set<int64_t>::const_iterator position) {
   return ran;
 }
 
-// A value-dependent sampler just ran on the default CPU generator: the state it left is its lazy
-// end anchor (Note [Lazy RNG anchors]), which need not be computed again.
-void GraphReplay::offer_end_anchor(const RecordedDraws& draws) {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
+// A value-dependent sampler just ran on `generator` (the default CPU generator, or the op's
+// private one: Note [Followed generators]): the state it left is its lazy end anchor (Note [Lazy
+// RNG anchors]), which need not be computed again.
+void GraphReplay::offer_end_anchor(const RecordedDraws& draws, at::Generator generator) {
   at::Tensor state;
   {
     const std::lock_guard<std::mutex> lock(generator.mutex());

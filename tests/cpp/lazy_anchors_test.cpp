@@ -1,8 +1,11 @@
 // Random ops whose draws depend on their values (rejection samplers) are recorded, never run,
 // and resolved when first needed; the default generator after deferred_init is exact or owed
 // (Note [Lazy RNG anchors], Note [The generator after deferred_init]).
+#include <torchdefer/extension.h>
+#include <torchdefer/rng_anchors.h>
 #include <torchdefer/torchdefer.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <gmock/gmock.h>
@@ -20,6 +23,7 @@
 namespace torchdefer {
 namespace {
 
+using detail::same_engine;
 using testing::bitwise_equal;
 using ::testing::HasSubstr;
 using testing::trunc_normal_;
@@ -278,6 +282,31 @@ TEST(LazyAnchors, TruncNormalGivenAGeneratorLeavesItWhereEagerDoesAtOnce) {
   materialize_tensor(deferred);
   EXPECT_TRUE(bitwise_equal(deferred, eager));
   EXPECT_TRUE(bitwise_equal(generator.get_state(), eager_generator.get_state()));
+}
+
+// Note [Followed generators]: on a followed generator the sampler is recorded, not run, and paid
+// when something reads the generator: here an op given it, which passes the generator's key.
+TEST(LazyAnchors, TruncNormalOnAFollowedGeneratorIsPaidWhenAnOpDrawsFromIt) {
+  const auto build = [](at::Generator generator) {
+    torch::NoGradGuard no_grad;
+    at::Tensor weight = torch::empty({30, 10});
+    trunc_normal_(weight, 0.0, 1.0, -0.3, 0.3, generator);
+    at::Tensor bias = torch::empty({10}).uniform_(0, 1, generator);
+    return std::make_pair(weight, bias);
+  };
+  at::Generator eager_generator = at::detail::createCPUGenerator(5);
+  const auto [eager_weight, eager_bias] = build(eager_generator);
+  const at::Tensor eager_next = at::rand({7}, eager_generator);
+  at::Generator generator = followed_generator_of(at::detail::createCPUGenerator(5));
+  const at::mt19937 seeded = generator.get<at::CPUGeneratorImpl>()->engine();
+  const auto [weight, bias] = deferred_init(build, generator);
+  EXPECT_TRUE(same_engine(generator.get<at::CPUGeneratorImpl>()->engine().data(), seeded.data()))
+      << "recording ran the sampler";
+  EXPECT_TRUE(bitwise_equal(at::rand({7}, generator), eager_next));
+  materialize_tensor(bias);
+  materialize_tensor(weight);
+  EXPECT_TRUE(bitwise_equal(weight, eager_weight));
+  EXPECT_TRUE(bitwise_equal(bias, eager_bias));
 }
 
 TEST(LazyAnchors, TruncNormalMaterializedInAnyOrderGivesTheEagerBits) {

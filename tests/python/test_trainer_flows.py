@@ -5,6 +5,8 @@ and the corners random programs found (issue 29)."""
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import math
 import warnings
 
@@ -219,6 +221,173 @@ def test_counter_truncated_normal_keeps_its_bounds_and_moments():
     var = 4.0 * (1 + (alpha * pdf(alpha) - beta * pdf(beta)) / z - ((pdf(alpha) - pdf(beta)) / z) ** 2)
     assert abs(w.mean().item() - mean) < 0.01
     assert abs(w.std().item() - math.sqrt(var)) < 0.01
+
+
+# --- The generator a trunc_normal_ draws from is followed (Note [Followed generators]).
+
+def _samplers_run(fn):
+    """How many rejection tests ``fn()`` ran: the ``any()`` that ends each round of a trunc_normal_
+    sampler (recording runs no kernel on a fake's meta shadow)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        fn()
+    return sum(1 for event in profile.events() if event.name == "aten::any")
+
+
+class _Trainer(nn.Module):
+    """A trainer's init: every weight from one seeded generator, trunc_normal_ and counted draws
+    interleaved."""
+
+    def __init__(self, g, n=32):
+        super().__init__()
+        self.a = nn.Linear(n, n)
+        self.b = nn.Linear(n, 2 * n)
+        nn.init.trunc_normal_(self.a.weight, std=0.02, generator=g)
+        nn.init.uniform_(self.a.bias, generator=g)
+        nn.init.trunc_normal_(self.b.weight, std=1.0, a=-0.4, b=0.4, generator=g)
+        nn.init.normal_(self.b.bias, generator=g)
+        self.register_buffer("noise", torch.randn(3, 5, generator=g))  # normal_ of 15: run on scratch
+
+
+def _trainer_both_ways(seed=1):
+    torch.manual_seed(0)
+    g_eager = torch.Generator().manual_seed(seed)
+    eager = _Trainer(g_eager)
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
+    return eager, g_eager, torchdefer.deferred_init(_Trainer, g), g
+
+
+def test_recording_trunc_normal_with_a_generator_runs_no_sampler_until_the_generator_is_read():
+    g = torch.Generator().manual_seed(1)
+    models = []
+    assert _samplers_run(lambda: models.append(torchdefer.deferred_init(_Trainer, g))) == 0
+    assert _samplers_run(g.get_state) > 0  # the read pays what the recording owed
+    assert _samplers_run(g.get_state) == 0  # once
+
+
+@pytest.mark.parametrize("read", ["get_state", "clone_state", "draw", "draw_on_fake", "deepcopy",
+                                  "materialize_first"])
+def test_a_followed_generator_answers_every_read_as_after_eager_construction(read):
+    eager, g_eager, model, g = _trainer_both_ways()
+    if read == "get_state":
+        assert torch.equal(g.get_state(), g_eager.get_state())
+    elif read == "clone_state":
+        assert torch.equal(g.clone_state().get_state(), g_eager.get_state())
+    elif read == "draw":
+        assert torch.equal(torch.randn(40, generator=g), torch.randn(40, generator=g_eager))
+        assert torch.equal(torch.empty(7).uniform_(generator=g),
+                           torch.empty(7).uniform_(generator=g_eager))
+    elif read == "draw_on_fake":  # recorded on the model's fakes after deferred_init returned
+        nn.init.trunc_normal_(model.a.weight, std=0.5, generator=g)
+        nn.init.trunc_normal_(eager.a.weight, std=0.5, generator=g_eager)
+        assert torch.equal(torch.rand(9, generator=g), torch.rand(9, generator=g_eager))
+    elif read == "deepcopy":
+        assert torch.equal(copy.deepcopy(g).get_state(), g_eager.get_state())
+    elif read == "materialize_first":
+        torchdefer.materialize_module(model)
+        assert torch.equal(g.get_state(), g_eager.get_state())
+    torchdefer.materialize_module(model)
+    assert_same_state(eager, model)
+    assert torch.equal(g.get_state(), g_eager.get_state())
+    assert g.initial_seed() == g_eager.initial_seed() == 1
+
+
+@pytest.mark.parametrize("reset", ["manual_seed", "set_state", "seed"])
+def test_reseeding_a_followed_generator_drops_what_it_owed_as_eager_does(reset):
+    eager, g_eager, model, g = _trainer_both_ways()
+    for generator in (g, g_eager):
+        if reset == "manual_seed":
+            generator.manual_seed(7)
+        elif reset == "set_state":
+            generator.set_state(torch.Generator().manual_seed(8).get_state())
+        else:
+            generator.seed()
+    assert _samplers_run(g.get_state) == 0  # nothing was paid: the debt was moot
+    if reset != "seed":
+        assert torch.equal(g.get_state(), g_eager.get_state())
+    torchdefer.materialize_module(model)
+    assert_same_state(eager, model)
+
+
+def test_a_followed_generator_carries_its_debt_into_the_next_recording():
+    torch.manual_seed(0)
+    g_eager = torch.Generator().manual_seed(3)
+    eager = [_Trainer(g_eager), _Trainer(g_eager)]
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(3)
+    models = [torchdefer.deferred_init(_Trainer, g), torchdefer.deferred_init(_Trainer, g)]
+    for e, m in zip(reversed(eager), reversed(models)):  # the later model first
+        torchdefer.materialize_module(m)
+        assert_same_state(e, m)
+    assert torch.equal(g.get_state(), g_eager.get_state())
+
+
+def test_a_sampler_nothing_keeps_is_paid_when_its_generator_is_read():
+    def build(g):
+        scratch = torch.empty(300)
+        nn.init.trunc_normal_(scratch, std=0.3, a=-0.1, b=0.1, generator=g)  # dropped
+        return nn.Linear(4, 4)
+    g_eager, g = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    build(g_eager)
+    torchdefer.materialize_module(torchdefer.deferred_init(build, g))
+    assert torch.equal(g.get_state(), g_eager.get_state())
+
+
+def test_a_real_tensor_drawn_from_a_followed_generator_while_recording_gets_eager_numbers():
+    def build(g, out):
+        model = _Trainer(g)
+        out.normal_(generator=g)  # a real tensor: drawn at once, from the generator paid first
+        return model
+    expected, real = torch.empty(6), torch.empty(6)
+    torch.manual_seed(0)
+    eager = build(torch.Generator().manual_seed(2), expected)
+    torch.manual_seed(0)
+    model = torchdefer.deferred_init(build, torch.Generator().manual_seed(2), real)
+    assert torch.equal(real, expected)
+    torchdefer.materialize_module(model)
+    assert_same_state(eager, model)
+
+
+@pytest.mark.parametrize("between", ["nothing", "get_state", "materialize", "exact_generator"])
+def test_counter_weights_after_a_followed_sampler_do_not_depend_on_reads_in_between(between):
+    def build(g, read):
+        model = _Trainer(g)
+        if read:
+            g.get_state()
+        model.c = nn.Linear(32, 32)
+        nn.init.trunc_normal_(model.c.weight, std=0.5, a=-0.3, b=0.3, generator=g)
+        nn.init.uniform_(model.c.bias, generator=g)
+        return model
+
+    def counter(read=False, exact=False):
+        torch.manual_seed(0)
+        model = torchdefer.deferred_init(build, torch.Generator().manual_seed(9), read,
+                                         exact_generator=exact)
+        if between == "materialize":  # a torch-mode replay resolves the anchors the copy shares
+            torchdefer.materialize_module(copy.deepcopy(model))
+        torchdefer.materialize_module(model, rng="counter")
+        return model
+
+    reference = counter()
+    model = counter(read=between == "get_state", exact=between == "exact_generator")
+    assert_same_state(reference, model)
+    assert model.c.weight.abs().max() <= 0.3 and model.b.weight.abs().max() <= 0.4
+
+
+def test_counter_keys_of_a_followed_generator_are_scheme_threes_known_answers():
+    """Note [Counter scheme versions]: the ops after a trunc_normal_ on one generator are keyed by
+    their place on its followed chain; a change of these bits is a new scheme."""
+    assert torchdefer._C.counter_scheme_version() == 3
+    model = _counter(_Trainer, torch.Generator().manual_seed(1))
+    digests = {name: hashlib.sha256(t.detach().numpy().tobytes()).hexdigest()[:16]
+               for name, t in model.state_dict().items()}
+    assert digests == {
+        "a.weight": "7d8436bb6dece843",  # from the generator's state
+        "a.bias": "658941a175d335f3",  # after the first trunc_normal_: from its lazy anchor
+        "b.weight": "283f3d275b551774",
+        "b.bias": "3a30a6267200e156",
+        "noise": "de2ad313a2be425f",
+    }
 
 
 # --- Every random op given a generator, both modes (Note [Counter keys of explicit generators]).

@@ -7,6 +7,7 @@
 #include <torchdefer/export.h>
 #include <torchdefer/materialize.h>
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -100,6 +101,12 @@ TORCHDEFER_API std::string counter_fill_cpu_capability();
 // The version of the counter scheme this build's counter mode computes (Note [Counter scheme
 // versions]): the same version gives the same counter-mode weights.
 TORCHDEFER_API int counter_scheme_version();
+
+// The generator the recorder follows in place of `original` (Note [Followed generators],
+// recorder/internal/torchdefer/followed_generator.h): one of `original`'s state, or `original`
+// itself when it is followed already. For the extension to give a Python torch.Generator (Note
+// [Swapping a Python generator], bindings/src/module.cpp).
+TORCHDEFER_API at::Generator followed_generator_of(const at::Generator& original);
 
 // Whether the CUDA counter fill is compiled in, so that counter mode fills CUDA tensors on the
 // GPU; without it they are filled on the CPU and copied.

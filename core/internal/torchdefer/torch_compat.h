@@ -11,7 +11,7 @@ namespace torchdefer {
 
 // Note [Dispatch keys]
 // ~~~~~~~~~~~~~~~~~~~~
-// torchdefer needs two dispatcher keys that core PyTorch does not use itself:
+// torchdefer needs three dispatcher keys that core PyTorch does not use itself:
 //
 //  * kFakeKey sits *below* autograd and ADInplaceOrView (LibTorch's `Fake`, next to `Python`).
 //    Every fake tensor carries it, so autograd, view tracking and version counters run on fakes
@@ -21,14 +21,20 @@ namespace torchdefer {
 //    module initialization). The recorder uses it to see a composite operator before its
 //    decomposition; every other op it records at kFakeKey, where the call is the same and seeing
 //    it costs less (Note [Where an op is recorded], recorder/src/recording.cpp).
+//  * kFollowedGeneratorKey sits above the backends and below BackendSelect (LibTorch's
+//    `CustomRNGKeyId`, which PyTorch keeps for generators of its own kind and uses only in its
+//    tests). No tensor carries it: a generator the recorder follows puts it in its own key set,
+//    so that every op given that generator passes torchdefer before a kernel draws from it (Note
+//    [Followed generators], recorder/internal/torchdefer/followed_generator.h).
 //
-// Both keys exist in every LibTorch 2.x the project supports; CMake checks that at configure time
-// (cmake/TorchdeferDispatchKeys.cmake), so a LibTorch that dropped one fails the build with a
+// All three keys exist in every LibTorch 2.x the project supports; CMake checks that at configure
+// time (cmake/TorchdeferDispatchKeys.cmake), so a LibTorch that dropped one fails the build with a
 // message instead of failing here. PyTorch 2.13 gives `Fake` to its own nascent C++ FakeTensor
 // mode (TensorImpl::is_fake(), set_fake_device()) but registers no kernel or fallback for it;
 // torchdefer registers the fallback. No other file names these keys.
 inline constexpr c10::DispatchKey kFakeKey = c10::DispatchKey::Fake;
 inline constexpr c10::DispatchKey kDeferredInitKey = c10::DispatchKey::DeferredInit;
+inline constexpr c10::DispatchKey kFollowedGeneratorKey = c10::DispatchKey::CustomRNGKeyId;
 
 // Note [Draw counts by LibTorch version]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -43,10 +43,14 @@ struct RngAnchor {
   // Known once `state` is ready, with nothing to compute: where a jump still being made leaves
   // the generator (Note [A recording that starts during a jump] in recorder/src/background_jump.h).
   static std::shared_ptr<RngAnchor> known_later(std::shared_future<at::Tensor> state);
-  // Lazy: `offset` draws after `base`, and then `sampler` (if any) run on scratch.
+  // Lazy: `offset` draws after `base`, and then `sampler` (if any) run on scratch. The anchors of
+  // a generator given as argument `generator_argument` of the sampler (Note [Followed
+  // generators]) are states of that generator: they are resolved on a private generator, never
+  // the default one, and the anchor holds none of the sampler's generators.
   static std::shared_ptr<RngAnchor> after(std::shared_ptr<RngAnchor> base, uint64_t offset,
                                           std::optional<RecordedNode> sampler,
-                                          const at::Tensor& sampler_target);
+                                          const at::Tensor& sampler_target,
+                                          int64_t generator_argument = -1);
 
   // The state, computed first if it is lazy (once, thread-safe).
   at::Tensor state();
@@ -57,8 +61,10 @@ struct RngAnchor {
   // What a lazy anchor waits for, for messages ("torchdefer::trunc_normal_ on float[4, 4]").
   std::string pending_samplers() const;
 
-  // digest_generator_state() of state(), computed once: the counter-mode key of a random op given
-  // its own generator (Note [Counter keys of explicit generators]).
+  // The counter-mode key of the random ops placed from this anchor on their own generator (Note
+  // [Counter keys of explicit generators]), computed once and never resolving anything: for a
+  // known anchor digest_generator_state() of its state, for a lazy one a digest of the anchor it
+  // continues from, its offset and its sampler.
   uint64_t digest();
 
  private:
@@ -71,8 +77,11 @@ struct RngAnchor {
   at::Tensor state_;
   std::optional<uint64_t> digest_;
   std::shared_future<at::Tensor> later_;
+  at::Tensor resolve_on_own_generator(const at::Tensor& start);
+
   std::shared_ptr<RngAnchor> base_;
   uint64_t offset_ = 0;
+  int64_t generator_argument_ = -1;
   // The sampler, a view of the two lists after it: the anchor owns what it read.
   std::optional<RecordedNode> sampler_;
   std::vector<c10::IValue> sampler_arguments_;
@@ -86,6 +95,10 @@ struct RngAnchor {
 // A 64-bit digest (FNV-1a) of a CPU generator's full state (get_state()): the seed, the position
 // in the stream, and nothing else.
 uint64_t digest_generator_state(const at::Tensor& state);
+
+// The digest of the position `offset` counted draws after an anchor of digest `anchor`: the
+// anchor's own digest at offset 0.
+uint64_t digest_position(uint64_t anchor, uint64_t offset);
 
 namespace detail {
 
@@ -170,9 +183,10 @@ std::optional<std::string> unresolvable_sampler(const RecordedNode& node);
 
 // Runs random op `node` for real on CPU, the tensor it fills a scratch of `sizes`/`strides`/
 // `dtype`, drawing from the default generator exactly as eager did (after unresolvable_sampler()
-// said it can).
+// said it can), or from `generator` given as its argument `generator_argument` when that is set.
 void run_sampler_on_scratch(const RecordedNode& node, c10::IntArrayRef sizes,
-                            c10::IntArrayRef strides, c10::ScalarType dtype);
+                            c10::IntArrayRef strides, c10::ScalarType dtype,
+                            int64_t generator_argument = -1, const at::Generator& generator = {});
 
 // Whether `now` is the engine `expected` after nothing but a reseed (and draws after it).
 bool reseeded(const at::mt19937_data_pod& now, const at::mt19937_data_pod& expected);

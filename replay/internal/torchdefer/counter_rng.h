@@ -68,7 +68,11 @@ namespace torchdefer {
 //      and there; uniform, bernoulli and random keep theirs.
 //    - A random op given its own generator is keyed by that generator's state (Note [Counter
 //      keys of explicit generators]).
-constexpr int kCounterSchemeVersion = 2;
+//  * 3 (issue 29): a random op drawn from a generator after a trunc_normal_ (or another
+//    value-dependent sampler) on that generator is keyed by where it starts on the generator's
+//    followed chain, not by a state only running the sampler gives (Note [Followed generators]):
+//    the keys of those ops change; every distribution keeps its bits.
+constexpr int kCounterSchemeVersion = 3;
 
 // One Philox4x32-10 block.
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);

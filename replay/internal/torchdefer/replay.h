@@ -82,7 +82,7 @@ class GraphReplay {
   at::Generator own_generator(const RecordedNode& node) const;
   uint64_t recording_seed() const;
   void call_on_cpu(const RecordedNode& node, torch::jit::Stack& stack, c10::Device device);
-  void offer_end_anchor(const RecordedDraws& draws);
+  void offer_end_anchor(const RecordedDraws& draws, at::Generator generator);
   bool run_counter_node(int64_t index, const RecordedNode& node, c10::Device device);
   void check_replayed_output(const RecordedNode& node, const RecordedValue& value,
                              const at::Tensor& real) const;
