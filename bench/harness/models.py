@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -132,24 +132,26 @@ class Llama(nn.Module):
         self.init_weights()
 
     @torch.no_grad()
-    def init_weights(self) -> None:
+    def init_weights(self, generator: Optional[torch.Generator] = None) -> None:
         c = self.config
         inv_freq = 1.0 / torch.pow(c.rope_theta, torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim)
         angles = torch.outer(torch.arange(c.max_seq_len, dtype=torch.float64), inv_freq).float()
         self.rope_cos.copy_(angles.cos())
         self.rope_sin.copy_(angles.sin())
-        nn.init.normal_(self.tok_embeddings.weight)
+        nn.init.normal_(self.tok_embeddings.weight, generator=generator)
         depth_std = 0.02 / math.sqrt(2.0 * c.n_layers)
         for block in self.layers:
             block.attention_norm.reset_parameters()
             block.ffn_norm.reset_parameters()
             for linear in (block.attention.wq, block.attention.wk, block.attention.wv, block.feed_forward.w1):
-                nn.init.trunc_normal_(linear.weight, std=0.02, a=-0.04, b=0.04)
+                nn.init.trunc_normal_(linear.weight, std=0.02, a=-0.04, b=0.04, generator=generator)
             for linear in (block.attention.wo, block.feed_forward.w2, block.feed_forward.w3):
-                nn.init.trunc_normal_(linear.weight, std=depth_std, a=-2 * depth_std, b=2 * depth_std)
+                nn.init.trunc_normal_(linear.weight, std=depth_std, a=-2 * depth_std, b=2 * depth_std,
+                                      generator=generator)
         self.norm.reset_parameters()
         final_std = c.dim**-0.5
-        nn.init.trunc_normal_(self.output.weight, std=final_std, a=-3 * final_std, b=3 * final_std)
+        nn.init.trunc_normal_(self.output.weight, std=final_std, a=-3 * final_std, b=3 * final_std,
+                              generator=generator)
 
 
 def hf_config(c: LlamaConfig):

@@ -66,6 +66,9 @@ STRATEGIES: List[Strategy] = [
     Strategy("py-flow-deferred-shard", "py",
              "torchdefer.deferred_init of a trainer's flow + materialize rank 0 of W (counter RNG)",
              baseline=0.4 * GB, shard=1),
+    Strategy("py-flow-seeded-deferred-record", "py",
+             "torchdefer.deferred_init of a trainer's flow whose init_weights draws from a seeded torch.Generator "
+             "(trunc_normal_(generator=g)) alone", baseline=0.4 * GB),
     Strategy("hf-from-config", "py", "transformers AutoModelForCausalLM.from_config (eager)",
              baseline=0.42 * GB, full=1, shard=1),
     Strategy("hf-init-empty", "py", "accelerate init_empty_weights + to_empty + the model's _init_weights",

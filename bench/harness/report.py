@@ -238,6 +238,9 @@ TARGETS = [
     ("Trainer flow (meta build + `to_empty` + `init_weights`) under `deferred_init`: time ≤ 1.5× the same flow "
      "on the meta device", ("py-flow-deferred-record", "py-flow-deferred-shard"), ("llama3-8b", "llama3-70b"),
      _record_vs_meta, 1.5),
+    ("Trainer flow drawing from a seeded `torch.Generator` (`trunc_normal_(generator=g)`) under `deferred_init`: "
+     "time ≤ 1.5× the same flow on the meta device", ("py-flow-seeded-deferred-record",),
+     ("llama3-8b", "llama3-70b"), _record_vs_meta, 1.5),
     ("Trainer flow under `deferred_init`: peak RSS growth ≤ meta's + 20 MB",
      ("py-flow-deferred-record", "py-flow-deferred-shard"), ("llama3-8b", "llama3-70b"), _record_growth, 20e6),
     ("py-deferred-shard, rank 0 of 64: peak RSS ≤ 1.1× (its slice + the process baseline)",

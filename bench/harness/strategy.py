@@ -161,20 +161,21 @@ def stats_counts(stats: List[Dict[str, Any]]) -> Dict[str, Any]:
     return counts
 
 
-def trainer_flow(config: models.LlamaConfig, device: str = "cpu") -> torch.nn.Module:
+def trainer_flow(config: models.LlamaConfig, device: str = "cpu", seeded: bool = False) -> torch.nn.Module:
     """What a trainer runs (torchtitan's order): build on the meta device, allocate with to_empty,
-    then the model's own init_weights. With device="meta", the same calls on meta tensors: the
-    flow's meta cost, which its recording is compared with."""
+    then the model's own init_weights, from a torch.Generator seeded from the trainer's init seed
+    when `seeded`. With device="meta", the same calls on meta tensors: the flow's meta cost, which
+    its recording is compared with."""
     with torch.device("meta"):
         module = models.Llama(config)
     module.to_empty(device=device)
-    module.init_weights()
+    module.init_weights(generator=torch.Generator().manual_seed(42) if seeded else None)
     return module
 
 
 def builder(strategy: str, config: models.LlamaConfig) -> Callable[[], torch.nn.Module]:
     if strategy.startswith("py-flow-"):
-        return lambda: trainer_flow(config)
+        return lambda: trainer_flow(config, seeded=strategy.startswith("py-flow-seeded-"))
     if strategy.startswith("hf-"):
         import transformers
 
@@ -202,7 +203,8 @@ def run(strategy: str, config: models.LlamaConfig, rank: int, world: int, device
     """Builds `config` with `strategy` and measures it (Note [Warm-up run])."""
     build = builder(strategy, config)
     # A trainer's flow allocates in to_empty: its reference is the same flow kept on meta.
-    meta = measure_meta((lambda: trainer_flow(config, "meta")) if strategy.startswith("py-flow-") else build)
+    seeded = strategy.startswith("py-flow-seeded-")
+    meta = measure_meta((lambda: trainer_flow(config, "meta", seeded)) if strategy.startswith("py-flow-") else build)
     # Note [What meta construction skips in transformers]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     # transformers' PreTrainedModel.init_weights (modeling_utils.py, run by post_init at the end
