@@ -16,9 +16,7 @@
 
 #include <cstdint>
 #include <functional>
-#include <limits>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace torchdefer {

@@ -34,8 +34,10 @@ namespace torchdefer::counter_cuda {
 //  * Every element is math::element of its own global index. math::Draws keys what it keeps by
 //    Philox block and by Box–Muller pair, so a piece that starts in the middle of either computes
 //    it itself: the bits do not depend on where pieces begin, and are the CPU fill's.
-// Cutting rows at memory boundaries rather than at Philox blocks costs one extra block per piece
-// where the two disagree; an unaligned vector store would cost more.
+// Where a row's first global index and its place in memory disagree modulo a piece (sizes that
+// are not multiples of 4), a piece of 32-bit draws spans two Philox blocks instead of one. Whole
+// tensors, and shards whose sizes are multiples of 4, agree; cutting at Philox blocks instead
+// would leave the other rows with no aligned piece to store at once.
 
 // 16 bytes of a row, stored at once.
 struct alignas(16) Chunk {
