@@ -622,6 +622,17 @@ struct Block {
   uint32_t w[4];
 };
 
+// Word i of a block, i < 4 known only at run time. CUDA keeps an array indexed at run time in
+// local memory, a load per element; choosing among the four registers keeps the block in
+// registers. The host indexes.
+TORCHDEFER_HOST_DEVICE inline uint32_t block_word(const Block& b, uint64_t i) {
+#if defined(__CUDA_ARCH__)
+  return i == 0 ? b.w[0] : (i == 1 ? b.w[1] : (i == 2 ? b.w[2] : b.w[3]));
+#else
+  return b.w[i];
+#endif
+}
+
 // Philox block b of an op with `seed` and `stream`.
 TORCHDEFER_HOST_DEVICE inline Block philox_block(uint64_t seed, uint64_t stream, uint64_t b) {
   Block c{{static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32), static_cast<uint32_t>(stream),
@@ -647,13 +658,13 @@ class Draws {
   }
 
   // The 32-bit word of element e.
-  TORCHDEFER_HOST_DEVICE uint32_t word32(uint64_t e) { return block(e / 4).w[e % 4]; }
+  TORCHDEFER_HOST_DEVICE uint32_t word32(uint64_t e) { return block_word(block(e / 4), e % 4); }
 
   // The 64-bit draw of element e: words 2(e % 2) and 2(e % 2) + 1 of block e / 2, the odd high.
   TORCHDEFER_HOST_DEVICE uint64_t word64(uint64_t e) {
     const Block& w = block(e / 2);
     const int half = static_cast<int>(e % 2);
-    return (uint64_t{w.w[2 * half + 1]} << 32) | w.w[2 * half];
+    return (uint64_t{block_word(w, 2 * half + 1)} << 32) | block_word(w, 2 * half);
   }
 
   // A standard normal for element e (Box–Muller on its pair).
@@ -667,8 +678,8 @@ class Draws {
       } else {
         const Block& w = block(e / 4);
         const int half = static_cast<int>(e % 4) / 2;
-        u1 = (static_cast<double>(w.w[2 * half]) + 1.0) / kTwoPow32;
-        u2 = static_cast<double>(w.w[2 * half + 1]) / kTwoPow32;
+        u1 = (static_cast<double>(block_word(w, 2 * half)) + 1.0) / kTwoPow32;
+        u2 = static_cast<double>(block_word(w, 2 * half + 1)) / kTwoPow32;
       }
       box_muller<double>(u1, u2, &pair_cos_, &pair_sin_);
       pair_index_ = e / 2;

@@ -45,6 +45,21 @@ double erfinv(double u) { return portable::erfinv(u); }
 
 }  // namespace counter_math
 
+counter_math::ElementParams element_params(const CounterDistributionParams& p, uint64_t seed,
+                                           uint64_t stream) {
+  counter_math::ElementParams e;
+  e.distribution = p.distribution;
+  e.a = p.a;
+  e.b = p.b;
+  e.from = p.from;
+  e.range = p.range;
+  e.low = p.low;
+  e.high = p.high;
+  e.seed = seed;
+  e.stream = stream;
+  return e;
+}
+
 namespace {
 
 namespace math = counter_math;
@@ -64,21 +79,6 @@ struct Element<c10::BFloat16> {
 };
 static_assert(sizeof(math::HalfBits) == sizeof(c10::Half) &&
               sizeof(math::BFloat16Bits) == sizeof(c10::BFloat16));
-
-math::ElementParams element_params(const CounterDistributionParams& p, uint64_t seed,
-                                   uint64_t stream) {
-  math::ElementParams e;
-  e.distribution = p.distribution;
-  e.a = p.a;
-  e.b = p.b;
-  e.from = p.from;
-  e.range = p.range;
-  e.low = p.low;
-  e.high = p.high;
-  e.seed = seed;
-  e.stream = stream;
-  return e;
-}
 
 #if defined(__x86_64__)
 #define TORCHDEFER_X86_KERNELS 1

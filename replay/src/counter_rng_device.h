@@ -4,6 +4,8 @@
 
 #include "counter_math.h"
 
+#include <torchdefer/counter_rng.h>
+
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
@@ -20,6 +22,11 @@ struct CounterLayout {
   std::vector<int64_t> start;
   std::vector<int64_t> global_strides;
 };
+
+// What every element's value depends on besides its index, for the per-element math of
+// counter_math.h (before math::for_dtype completes it for a dtype).
+counter_math::ElementParams element_params(const CounterDistributionParams& p, uint64_t seed,
+                                           uint64_t stream);
 
 CounterLayout merge_rows(const at::Tensor& out, c10::IntArrayRef global,
                          const std::vector<int64_t>& start);

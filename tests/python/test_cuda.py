@@ -87,6 +87,20 @@ def test_a_shard_on_cuda_is_the_cpu_shard(world):
         assert bitwise_equal(cuda, cpu), rank
 
 
+# A column shard is rows of the global shape, each at its own place relative to a 16-byte boundary
+# of GPU memory, so the kernel writes every row's partial head and tail pieces element by element
+# and the rest with 16-byte stores (Note [CUDA counter fill tiles]).
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.uint8], ids=str)
+@pytest.mark.parametrize("world", [3, 7])
+def test_a_column_shard_on_cuda_is_the_cpu_shard(world, dtype):
+    init = INT_INITS["random_default"] if dtype == torch.uint8 else FLOAT_INITS["normal"]
+    for rank in range(world):
+        shard = torchdefer.Shard(rank, world, dim=1)
+        cuda = counter_values((37, 1031), dtype, init, "cuda", shard)
+        cpu = counter_values((37, 1031), dtype, init, "cpu", shard)
+        assert bitwise_equal(cuda, cpu), rank
+
+
 class Llama(torch.nn.Module):
     def __init__(self, vocab=1000, dim=256, layers=2):
         super().__init__()

@@ -1,55 +1,33 @@
 // The counter fill on CUDA (Note [CUDA counter fill build]): one kernel per dtype, the values
 // computed by counter_math.h, the header the CPU fill uses, compiled with -fmad=false, so that
 // every element has the CPU fill's bits. Only the elements of the region are computed and
-// written.
+// written, each thread its tiles of counter_fill_plan.h (Note [CUDA counter fill tiles]).
 #include "counter_fill_cuda.h"
+#include "counter_fill_plan.h"
 
 #include <cuda_runtime.h>
-
-#include <algorithm>
 
 namespace torchdefer::counter_cuda {
 namespace {
 
 namespace math = counter_math;
 
-// Consecutive elements per thread: four 32-bit draws share a Philox block, and the two
-// elements of a Box–Muller pair share its logarithm and sincos (math::Draws keeps both).
-constexpr int kPerThread = 4;
-constexpr int kThreadsPerBlock = 256;
-constexpr int64_t kMaxBlocks = int64_t{1} << 20;
-
 template <typename T>
-__global__ void counter_fill_kernel(T* out, Layout layout, int64_t numel,
-                                    math::ElementParams params) {
-  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t first = thread * kPerThread; first < numel; first += threads * kPerThread) {
-    math::Draws draws(params);
-    const int64_t last = first + kPerThread < numel ? first + kPerThread : numel;
-    for (int64_t k = first; k < last; ++k) {
-      int64_t rest = k;
-      int64_t offset = 0;
-      int64_t global = 0;
-      for (int d = layout.dims - 1; d >= 0; --d) {
-        const int64_t i = rest % layout.sizes[d];
-        rest /= layout.sizes[d];
-        offset += i * layout.strides[d];
-        global += (layout.start[d] + i) * layout.global_strides[d];
-      }
-      out[offset] = math::element<T>(params, draws, static_cast<uint64_t>(global));
-    }
-  }
+__global__ void counter_fill_kernel(T* out, FillPlan plan, math::ElementParams params) {
+  fill_thread<T>(out, plan, params, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+                 static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
 template <typename T>
 const char* launch(void* out, const Layout& layout, int64_t numel,
                    const math::ElementParams& params, cudaStream_t stream) {
-  const int64_t work = (numel + kPerThread - 1) / kPerThread;
-  const int64_t blocks =
-      std::min<int64_t>(kMaxBlocks, (work + kThreadsPerBlock - 1) / kThreadsPerBlock);
-  counter_fill_kernel<T><<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(
-      static_cast<T*>(out), layout, numel, math::for_dtype<T>(params));
+  if (numel == 0) {
+    return nullptr;  // an empty grid is not a launch configuration CUDA accepts
+  }
+  const FillPlan plan = make_plan(layout, out, static_cast<int>(sizeof(T)));
+  counter_fill_kernel<T>
+      <<<static_cast<unsigned>(launch_blocks(plan)), kThreadsPerBlock, 0, stream>>>(
+          static_cast<T*>(out), plan, math::for_dtype<T>(params));
   const cudaError_t error = cudaGetLastError();
   return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
 }
