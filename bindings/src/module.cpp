@@ -177,8 +177,11 @@ py::dict stats_to_dict(const TensorStats& t) {
 // generators]) replaces the member with a FollowedGenerator of the same state: every Python
 // reference to the object uses the followed generator from then on. The Python package does it
 // for the generator of a trunc_normal_ it records, the sampler whose draws depend on its values;
-// a generator already followed, the default one and other devices' are left as they are. Only
-// under the GIL, which every method of the object holds too.
+// a generator already followed, the default one and other devices' are left as they are. A C++
+// holder of the object's implementation from before the swap keeps the old one, which no longer
+// moves with the object. An object torch maps its implementation to (pyobj(), set for the objects
+// it wraps itself) is mapped to the new one. Only under the GIL, which every method of the object
+// holds too.
 void follow_python_generator(py::handle object) {
   TORCH_CHECK(THPGenerator_Check(object.ptr()), "torchdefer: expected a torch.Generator, got ",
               py::str(py::type::of(object)).cast<std::string>());
@@ -189,7 +192,12 @@ void follow_python_generator(py::handle object) {
           at::detail::getDefaultCPUGenerator().unsafeGetGeneratorImpl()) {
     return;
   }
-  python->cdata = followed_generator_of(generator);
+  at::Generator followed = followed_generator_of(generator);
+  if (generator.pyobj() == object.ptr()) {  // the object torch maps this implementation to
+    generator.set_pyobj(nullptr);
+    followed.set_pyobj(object.ptr());
+  }
+  python->cdata = std::move(followed);
 }
 
 }  // namespace

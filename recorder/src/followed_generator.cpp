@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <utility>
 
@@ -31,8 +32,21 @@ FollowedGenerator::FollowedGenerator(const at::Tensor& state) {
   at::CPUGeneratorImpl::set_state(*state.unsafeGetTensorImpl());
 }
 
+// Whether the generator is as paying (or the last counted op) left it: the engine and the cached
+// normal samples, which a draw of normal_ on fewer than 16 elements consumes without moving the
+// engine every other call.
+bool FollowedGenerator::as_paid() {
+  return detail::same_engine(engine().data(), paid_.engine.data()) &&
+         next_float_normal_sample() == paid_.float_normal &&
+         next_double_normal_sample() == paid_.double_normal;
+}
+
+void FollowedGenerator::remember_paid() {
+  paid_ = {engine(), next_float_normal_sample(), next_double_normal_sample()};
+}
+
 std::optional<FollowedGenerator::Position> FollowedGenerator::followed() {
-  if (!owed() && position_ && !detail::same_engine(engine().data(), paid_engine_.data())) {
+  if (!owed() && position_ && !as_paid()) {
     position_.reset();  // moved since it was paid: its own state is where the next op starts
   }
   return position_;
@@ -41,7 +55,7 @@ std::optional<FollowedGenerator::Position> FollowedGenerator::followed() {
 void FollowedGenerator::advance(uint64_t draws) {
   if (!owed()) {
     jump(*this, draws);
-    paid_engine_ = engine();
+    remember_paid();
   }
   if (position_) {
     position_->offset += draws;
@@ -60,7 +74,7 @@ void FollowedGenerator::pay() {
   const at::Tensor state = position_->anchor->state();
   at::CPUGeneratorImpl::set_state(*state.unsafeGetTensorImpl());
   jump(*this, position_->offset);
-  paid_engine_ = engine();
+  remember_paid();
   owed_.store(false, std::memory_order_release);
 }
 
@@ -101,9 +115,9 @@ c10::intrusive_ptr<c10::TensorImpl> FollowedGenerator::get_state() const {
 
 // A clone is an ordinary CPU generator at the state eager would have.
 at::CPUGeneratorImpl* FollowedGenerator::clone_impl() const {
-  auto* clone = new at::CPUGeneratorImpl();
+  auto clone = std::make_unique<at::CPUGeneratorImpl>();
   clone->set_state(*get_state());
-  return clone;
+  return clone.release();
 }
 
 FollowedGenerator* followed_generator(const at::Generator& generator) {
@@ -130,7 +144,7 @@ at::Generator followed_generator_of(const at::Generator& original) {
 
 void followed_generator_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                                  torch::jit::Stack* stack) {
-  if (!keys.has_backend(c10::BackendComponent::MetaBit)) {
+  if (!keys.has_backend(c10::BackendComponent::MetaBit)) {  // a meta shadow draws nothing
     const size_t arguments = op.schema().arguments().size();
     for (size_t i = stack->size() - arguments; i < stack->size(); ++i) {
       const c10::IValue& argument = (*stack)[i];
@@ -138,7 +152,8 @@ void followed_generator_fallback(const c10::OperatorHandle& op, c10::DispatchKey
         continue;
       }
       at::Generator generator = argument.toGenerator();
-      if (FollowedGenerator* followed = followed_generator(generator); followed != nullptr) {
+      FollowedGenerator* followed = followed_generator(generator);
+      if (followed != nullptr && followed->owed()) {
         const std::lock_guard<std::mutex> lock(generator.mutex());
         followed->pay();
       }

@@ -83,8 +83,9 @@ std::shared_ptr<RngAnchor> RngAnchor::after(std::shared_ptr<RngAnchor> base, uin
     anchor->target_sizes_ = sampler_target.sizes().vec();
     anchor->target_strides_ = sampler_target.strides().vec();
     anchor->target_dtype_ = sampler_target.scalar_type();
-    anchor->description_ = c10::str(c10::toString(sampler->op.schema().operator_name()), " on ",
-                                    describe(sampler_target));
+    const std::string op = c10::toString(sampler->op.schema().operator_name());
+    anchor->description_ = c10::str(op, " on ", describe(sampler_target));
+    anchor->sampler_key_ = c10::str(op, " ", sampler_target.scalar_type(), sampler_target.sizes());
     anchor->sampler_arguments_ = sampler->arguments.vec();
     if (generator_argument >= 0) {
       // Resolution draws from a generator of its own; the user's would keep its own debt alive.
@@ -99,21 +100,40 @@ std::shared_ptr<RngAnchor> RngAnchor::after(std::shared_ptr<RngAnchor> base, uin
   return anchor;
 }
 
+// Resolved oldest first: a chain can hold an anchor per sampler of a model (tens of thousands in
+// a trainer's init), one stack frame each if resolved from the newest.
 at::Tensor RngAnchor::state() {
   const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
-  if (state_.defined()) {
-    return state_;
+  std::vector<RngAnchor*> pending;
+  RngAnchor* known = this;
+  for (; !known->state_.defined() && !known->later_.valid(); known = known->base_.get()) {
+    pending.push_back(known);
   }
-  if (later_.valid()) {
-    state_ = later_.get();
-    later_ = {};
-    return state_;
+  if (!known->state_.defined()) {
+    known->state_ = known->later_.get();
+    known->later_ = {};
   }
-  const at::Tensor start = base_->state();
+  for (auto it = pending.rbegin(); it != pending.rend(); ++it) {
+    (*it)->resolve((*it)->base_->state_);
+  }
+  return state_;
+}
+
+// Runs what the anchor waits for from its base's state `start`. Resolution is torchdefer's own
+// computation: no Python dispatch mode the caller has active sees it or computes it instead (a
+// FakeTensorMode would have left a state the sampler never draws).
+void RngAnchor::resolve(const at::Tensor& start) {
+  const c10::impl::ExcludeDispatchKeyGuard no_python_modes(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                           c10::DispatchKey::PreDispatch}));
   if (generator_argument_ >= 0) {
     state_ = resolve_on_own_generator(start);
     forget_sampler();
-    return state_;
+    // A followed generator holds its position for as long as it lives (Note [Followed
+    // generators]): a resolved anchor keeps its key, not the chain before it.
+    digest();
+    base_.reset();
+    return;
   }
   detail::GeneratorLoan loan;
   place_default_generator(start, offset_);
@@ -122,7 +142,6 @@ at::Tensor RngAnchor::state() {
   }
   state_ = default_generator_state();
   forget_sampler();  // its real inputs need not live on
-  return state_;
 }
 
 // An anchor of a generator of its own: its base state, `offset_` draws on, then the sampler, all
@@ -174,9 +193,7 @@ uint64_t RngAnchor::digest() {
       continue;
     }
     uint64_t hash = digest_position(*a.base_->digest_, a.offset_);
-    if (!a.description_.empty()) {
-      hash = fnv(hash, a.description_.data(), a.description_.size());
-    }
+    hash = fnv(hash, a.sampler_key_.data(), a.sampler_key_.size());
     a.digest_ = hash;
   }
   return *digest_;
@@ -200,6 +217,10 @@ void RngAnchor::offer(const at::Tensor& state) {
   if (!state_.defined()) {
     state_ = state;
     forget_sampler();
+    if (generator_argument_ >= 0) {
+      digest();
+      base_.reset();
+    }
   }
 }
 

@@ -623,8 +623,12 @@ RecordedDraws place_on_followed_generator(const std::shared_ptr<OpGraph>& graph,
       const auto graph_lock = graph->lock();
       draws.end_anchor = graph->add_rng_anchor(end);
     }
+    const bool exact = graph->exact_generator();
+    if (exact) {
+      end->state();  // resolved before the generator owes it: a sampler that fails owes nothing
+    }
     followed.owe(std::move(end));
-    if (graph->exact_generator()) {
+    if (exact) {
       followed.pay();
     }
     return draws;
@@ -648,6 +652,11 @@ RecordedDraws place_on_own_generator(const std::shared_ptr<OpGraph>& graph,
               " generator, whose state recording cannot leave where eager construction leaves it "
               "(only explicit CPU generators are followed). Draw from a CPU torch.Generator or "
               "from the default generator, or run this op after materializing.");
+  TORCH_CHECK(target.device().is_cpu(), "torchdefer: ", node.op.schema().operator_name(),
+              " in deferred_init of ", graph->context(), " fills ", describe(target),
+              " from a CPU generator, which eager refuses (\"Expected a '", target.device().type(),
+              "' device type for generator\"). Draw CPU tensors from a CPU torch.Generator, or "
+              "move the tensor to its device after drawing.");
   if (FollowedGenerator* followed = followed_generator(generator); followed != nullptr) {
     return place_on_followed_generator(graph, node, target, argument, plan, tensors, generator,
                                        *followed);

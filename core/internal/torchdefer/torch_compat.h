@@ -21,11 +21,12 @@ namespace torchdefer {
 //    module initialization). The recorder uses it to see a composite operator before its
 //    decomposition; every other op it records at kFakeKey, where the call is the same and seeing
 //    it costs less (Note [Where an op is recorded], recorder/src/recording.cpp).
-//  * kFollowedGeneratorKey sits above the backends and below BackendSelect (LibTorch's
-//    `CustomRNGKeyId`, which PyTorch keeps for generators of its own kind and uses only in its
-//    tests). No tensor carries it: a generator the recorder follows puts it in its own key set,
-//    so that every op given that generator passes torchdefer before a kernel draws from it (Note
-//    [Followed generators], recorder/internal/torchdefer/followed_generator.h).
+//  * kFollowedGeneratorKey sits above the dense, quantized and other plain backends and below
+//    MkldnnCPU, Sparse, SparseCsr, NestedTensor and BackendSelect (LibTorch's `CustomRNGKeyId`,
+//    which PyTorch keeps for generators of its own kind and uses only in its tests). No tensor
+//    carries it: a generator the recorder follows puts it in its own key set, so that every op
+//    given that generator passes torchdefer before a kernel draws from it (Note [Followed
+//    generators], recorder/internal/torchdefer/followed_generator.h).
 //
 // All three keys exist in every LibTorch 2.x the project supports; CMake checks that at configure
 // time (cmake/TorchdeferDispatchKeys.cmake), so a LibTorch that dropped one fails the build with a

@@ -26,11 +26,11 @@ namespace torchdefer {
 // torch.Generator and of at::Generator), or an operator given the generator, whose kernel draws
 // from it after the dispatcher computed the call's keys, the generator's own key set among them.
 //
-// So the first time a recording sees a CPU torch.Generator of Python's (other than the default
-// one), its Python object is given a FollowedGenerator instead of its CPUGeneratorImpl, with the
-// same state (the extension does the swap: Note [Swapping a Python generator] in
-// bindings/src/module.cpp). A FollowedGenerator is a CPUGeneratorImpl, so every kernel draws from
-// it as from any CPU generator; it overrides the virtual methods, and carries
+// So the first time a trunc_normal_ given a CPU torch.Generator (other than the default one) is
+// recorded, the generator's Python object is given a FollowedGenerator instead of its
+// CPUGeneratorImpl, with the same state (the extension does the swap: Note [Swapping a Python
+// generator] in bindings/src/module.cpp). A FollowedGenerator is a CPUGeneratorImpl, so every
+// kernel draws from it as from any CPU generator; it overrides the virtual methods, and carries
 // kFollowedGeneratorKey (Note [Dispatch keys]), whose fallback runs before any kernel of an op
 // given it. A value-dependent sampler recorded on it is placed at the generator's position, and
 // the generator then *owes* it: its position is a lazy anchor after the sampler (Note [Lazy RNG
@@ -41,6 +41,12 @@ namespace torchdefer {
 // the debt moot, and the fallback pays before any op on real tensors (a fake's meta shadow draws
 // nothing, and a recorded op continues the debt). A torch-mode materialization resolves the
 // anchors of the samplers it replays, so that paying after it costs nothing more.
+//
+// Composite ops given the generator (torch.randn, rand, randint, ...) reach the fallback through
+// the op they call that draws. What passes neither door is C++ code that draws through
+// CPUGeneratorImpl's non-virtual methods itself (random(), engine()), as an extension kernel
+// called directly rather than through the dispatcher may: it draws from the state before the
+// debt. Such code should pass the generator through an operator, or read its state first.
 //
 // A generator paid and not moved since is still followed: the next op recorded on it continues
 // from the same lazy anchor, not from a state read anew. So its counter key (Note [Counter keys of
@@ -82,10 +88,16 @@ class FollowedGenerator final : public at::CPUGeneratorImpl {
  private:
   at::CPUGeneratorImpl* clone_impl() const override;
   void forget();
+  bool as_paid();
+  void remember_paid();
 
   std::optional<Position> position_;  // set by owe(), kept while paid and unmoved
-  std::atomic<bool> owed_{false};
-  at::mt19937 paid_engine_;
+  std::atomic<bool> owed_{false};     // written under mutex_; read without it by the fallback
+  struct {
+    at::mt19937 engine;
+    std::optional<float> float_normal;
+    std::optional<double> double_normal;
+  } paid_;
 };
 
 // `generator`'s implementation if it is a FollowedGenerator, else nullptr.

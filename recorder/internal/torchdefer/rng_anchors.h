@@ -64,7 +64,7 @@ struct RngAnchor {
   // The counter-mode key of the random ops placed from this anchor on their own generator (Note
   // [Counter keys of explicit generators]), computed once and never resolving anything: for a
   // known anchor digest_generator_state() of its state, for a lazy one a digest of the anchor it
-  // continues from, its offset and its sampler.
+  // continues from, its offset and its sampler (operator, dtype and sizes).
   uint64_t digest();
 
  private:
@@ -77,6 +77,7 @@ struct RngAnchor {
   at::Tensor state_;
   std::optional<uint64_t> digest_;
   std::shared_future<at::Tensor> later_;
+  void resolve(const at::Tensor& start);
   at::Tensor resolve_on_own_generator(const at::Tensor& start);
 
   std::shared_ptr<RngAnchor> base_;
@@ -90,6 +91,9 @@ struct RngAnchor {
   std::vector<int64_t> target_strides_;
   c10::ScalarType target_dtype_ = c10::ScalarType::Undefined;
   std::string description_;
+  // What the sampler is, with no device in it: part of a lazy anchor's digest, which must not
+  // depend on where a rank recorded (Note [Counter keys of explicit generators]).
+  std::string sampler_key_;
 };
 
 // A 64-bit digest (FNV-1a) of a CPU generator's full state (get_state()): the seed, the position
