@@ -113,6 +113,13 @@ at::Tensor RngAnchor::state() {
     known->state_ = known->later_.get();
     known->later_ = {};
   }
+  // One loan of the default generator around every resolution of its chain: the owed generator
+  // is paid when the outermost loan ends, which may release this anchor (the debt can be all that
+  // holds it), so that must come after the state is returned.
+  std::optional<detail::GeneratorLoan> loan;
+  if (!pending.empty() && generator_argument_ < 0) {
+    loan.emplace();
+  }
   for (auto it = pending.rbegin(); it != pending.rend(); ++it) {
     (*it)->resolve((*it)->base_->state_);
   }
