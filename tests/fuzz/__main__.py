@@ -9,6 +9,7 @@ failed and its message, to ``--out`` as a runnable Python file. Exits 1 if any p
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import multiprocessing
 import sys
 import time
@@ -27,9 +28,12 @@ def _outcomes(seeds: Iterable[int], families, checks, workers: int) -> Iterable[
         yield from map(run_job, jobs)
         return
     # The workers' functions live in an importable module: a spawned process cannot find
-    # functions of a `python3 -m` __main__.
-    with multiprocessing.get_context("spawn").Pool(workers, initializer=init_worker) as pool:
-        yield from pool.imap(run_job, jobs, chunksize=16)
+    # functions of a `python3 -m` __main__. An executor, not a Pool: a worker that crashes (a
+    # segfault in the library under test) breaks it and the run ends with that error, where a
+    # Pool would wait for the lost results forever.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker) as pool:
+        yield from pool.map(run_job, jobs, chunksize=16)
 
 
 def main(argv=None) -> int:
