@@ -998,6 +998,15 @@ def _draws(ctx: Context, i: int) -> List[str]:
             f"nn.init.trunc_normal_({name}, mean=0.5, std=1.0, a=-1.0, b=2.0, generator={g})",
             f"_ = torch.randn({rows}, {cols}, generator={g})",
             f"_ = torch.empty({rows}).uniform_(generator={g})",
+            # Reads of a generator a trunc_normal_ may have left owing (Note [Followed
+            # generators]), and normal_ below 16 elements, which caches a sample in it and takes
+            # it on the next call without moving the engine.
+            f"_ = {g}.get_state()",
+            f"_ = {g}.clone_state()",
+            f"_ = torch.randn(1, generator={g})",
+            buf + f"torch.empty(3).normal_(generator={g}))",
+            f"{name} = nn.Parameter(torch.empty(5)); "
+            f"nn.init.trunc_normal_({name}, mean=0.5, std=1.0, a=-1.0, b=2.0, generator={g})",
         ]
         draw = ctx.pick(draws)
         lines.append(draw)
