@@ -283,6 +283,22 @@ Window advance_window(const Window& window, uint64_t steps) {
 
 const std::array<uint16_t, 135>& mt19937_characteristic_exponents() { return kPhiExponents; }
 
+void discard_draws(at::CPUGeneratorImpl& generator, uint64_t draws) {
+  if (draws == 0) {
+    return;
+  }
+  at::mt19937 engine = generator.engine();
+  mt19937_discard(engine, draws);
+  generator.set_engine(engine);
+}
+
+at::Generator cpu_generator_at(const at::Tensor& state, uint64_t draws) {
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>();
+  generator.set_state(state);
+  discard_draws(*generator.get<at::CPUGeneratorImpl>(), draws);
+  return generator;
+}
+
 void mt19937_discard(at::mt19937& engine, uint64_t draws) {
   if (draws == 0) {
     return;

@@ -4,9 +4,7 @@
 #include <torchdefer/torch_compat.h>
 
 #include <c10/core/Backend.h>
-#include <c10/util/Exception.h>
 
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -14,18 +12,6 @@
 #include "recorder_kernels.h"
 
 namespace torchdefer {
-namespace {
-
-void jump(at::CPUGeneratorImpl& generator, uint64_t draws) {
-  if (draws == 0) {
-    return;
-  }
-  at::mt19937 engine = generator.engine();
-  mt19937_discard(engine, draws);
-  generator.set_engine(engine);
-}
-
-}  // namespace
 
 FollowedGenerator::FollowedGenerator(const at::Tensor& state) {
   key_set_ = key_set_ | c10::DispatchKeySet(kFollowedGeneratorKey);
@@ -54,7 +40,7 @@ std::optional<FollowedGenerator::Position> FollowedGenerator::followed() {
 
 void FollowedGenerator::advance(uint64_t draws) {
   if (!owed()) {
-    jump(*this, draws);
+    discard_draws(*this, draws);
     remember_paid();
   }
   if (position_) {
@@ -73,7 +59,7 @@ void FollowedGenerator::pay() {
   }
   const at::Tensor state = position_->anchor->state();
   at::CPUGeneratorImpl::set_state(*state.unsafeGetTensorImpl());
-  jump(*this, position_->offset);
+  discard_draws(*this, position_->offset);
   remember_paid();
   owed_.store(false, std::memory_order_release);
 }

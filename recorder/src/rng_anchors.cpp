@@ -43,12 +43,7 @@ auto with_default_generator(F&& f) {
 void place_default_generator(const at::Tensor& state, uint64_t draws) {
   with_default_generator([&](at::Generator& generator, at::CPUGeneratorImpl* impl) {
     generator.set_state(state);
-    if (draws == 0) {
-      return;
-    }
-    at::mt19937 engine = impl->engine();
-    mt19937_discard(engine, draws);
-    impl->set_engine(engine);
+    discard_draws(*impl, draws);
   });
 }
 
@@ -135,11 +130,7 @@ void RngAnchor::resolve(const at::Tensor& start) {
                            c10::DispatchKey::PreDispatch}));
   if (generator_argument_ >= 0) {
     state_ = resolve_on_own_generator(start);
-    forget_sampler();
-    // A followed generator holds its position for as long as it lives (Note [Followed
-    // generators]): a resolved anchor keeps its key, not the chain before it.
-    digest();
-    base_.reset();
+    forget_what_resolution_needed();
     return;
   }
   detail::GeneratorLoan loan;
@@ -148,18 +139,24 @@ void RngAnchor::resolve(const at::Tensor& start) {
     detail::run_sampler_on_scratch(*sampler_, target_sizes_, target_strides_, target_dtype_);
   }
   state_ = default_generator_state();
-  forget_sampler();  // its real inputs need not live on
+  forget_what_resolution_needed();
+}
+
+// The sampler's real inputs need not live on. A followed generator holds its position for as long
+// as it lives (Note [Followed generators]): a resolved anchor of one keeps its key, not the chain
+// before it.
+void RngAnchor::forget_what_resolution_needed() {
+  forget_sampler();
+  if (generator_argument_ >= 0) {
+    digest();
+    base_.reset();
+  }
 }
 
 // An anchor of a generator of its own: its base state, `offset_` draws on, then the sampler, all
 // on a private generator.
 at::Tensor RngAnchor::resolve_on_own_generator(const at::Tensor& start) {
-  at::Generator own = at::make_generator<at::CPUGeneratorImpl>();
-  own.set_state(start);
-  auto* impl = at::check_generator<at::CPUGeneratorImpl>(own);
-  at::mt19937 engine = impl->engine();
-  mt19937_discard(engine, offset_);
-  impl->set_engine(engine);
+  at::Generator own = cpu_generator_at(start, offset_);
   if (sampler_) {
     detail::run_sampler_on_scratch(*sampler_, target_sizes_, target_strides_, target_dtype_,
                                    generator_argument_, own);
@@ -223,11 +220,7 @@ void RngAnchor::offer(const at::Tensor& state) {
   const std::lock_guard<std::recursive_mutex> lock(resolution_mutex());
   if (!state_.defined()) {
     state_ = state;
-    forget_sampler();
-    if (generator_argument_ >= 0) {
-      digest();
-      base_.reset();
-    }
+    forget_what_resolution_needed();
   }
 }
 

@@ -673,10 +673,7 @@ RecordedDraws place_on_own_generator(const std::shared_ptr<OpGraph>& graph,
     draws.kind = RecordedDraws::Kind::kPlaced;
     draws.draws = plan.draws;
     const std::lock_guard<std::mutex> lock(generator.mutex());
-    auto* impl = at::check_generator<at::CPUGeneratorImpl>(generator);
-    at::mt19937 engine = impl->engine();
-    mt19937_discard(engine, plan.draws);
-    impl->set_engine(engine);
+    discard_draws(*at::check_generator<at::CPUGeneratorImpl>(generator), plan.draws);
     return draws;
   }
   draws.kind = RecordedDraws::Kind::kAnchorOnly;

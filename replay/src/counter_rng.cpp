@@ -64,19 +64,6 @@ namespace {
 
 namespace math = counter_math;
 
-// The element type counter_math writes for a dtype: the same bits, without c10 types.
-template <typename T>
-struct Element {
-  using type = T;
-};
-template <>
-struct Element<c10::Half> {
-  using type = math::HalfBits;
-};
-template <>
-struct Element<c10::BFloat16> {
-  using type = math::BFloat16Bits;
-};
 static_assert(sizeof(math::HalfBits) == sizeof(c10::Half) &&
               sizeof(math::BFloat16Bits) == sizeof(c10::BFloat16));
 
@@ -214,7 +201,7 @@ int64_t truncated_normal_fill(S* out, uint64_t e, int64_t count, const math::Ele
 // [Vectorized counter fill], Note [Vectorized truncated normal]): all of them, or none where no
 // kernel covers the distribution and dtype. Returns how many it filled.
 template <typename T>
-int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
+int64_t vector_fill(CounterElement<T>* out, uint64_t e, int64_t count,
                     const math::ElementParams& params, math::Draws& draws) {
 #ifdef TORCHDEFER_X86_KERNELS
   if (params.distribution == CounterDistribution::kTruncatedNormal && counter_isa() == Isa::kAvx2 &&
@@ -247,8 +234,7 @@ int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
   job.u_low = params.u_low;
   job.u_high = params.u_high;
   job.from = params.from;
-  job.range =
-      params.range == 0 ? math::default_random_range<typename Element<T>::type>() : params.range;
+  job.range = params.range == 0 ? math::default_random_range<CounterElement<T>>() : params.range;
   job.seed = params.seed;
   job.stream = params.stream;
   // Note [Partial groups]
@@ -258,7 +244,7 @@ int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
   // scratch buffer: a few hundred elements computed for nothing, instead of the scalar path for
   // up to a group's worth. A column shard's rows (64 elements of a 4096-wide weight split 64
   // ways) and a parallel chunk's ends stay on the vector path.
-  using S = typename Element<T>::type;
+  using S = CounterElement<T>;
   const int64_t per_block = params.wide ? 2 : 4;
   const int64_t group =
       per_block * (avx512 ? counter_simd::kAvx512GroupBlocks : counter_simd::kAvx2GroupBlocks);
@@ -295,7 +281,7 @@ int64_t vector_fill(typename Element<T>::type* out, uint64_t e, int64_t count,
 template <typename T>
 void fill_typed(const at::Tensor& out, const math::ElementParams& generic,
                 const CounterLayout& index) {
-  using S = typename Element<T>::type;
+  using S = CounterElement<T>;
   const math::ElementParams params = math::for_dtype<S>(generic);
   const int64_t dims = out.dim();
   const int64_t row_length = dims == 0 ? 1 : out.size(dims - 1);

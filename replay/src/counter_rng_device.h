@@ -8,6 +8,8 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <cstdint>
 #include <vector>
@@ -22,6 +24,22 @@ struct CounterLayout {
   std::vector<int64_t> start;
   std::vector<int64_t> global_strides;
 };
+
+// The element type counter_math writes for a torch dtype: the same bits, without c10 types.
+template <typename T>
+struct CounterElementOf {
+  using type = T;
+};
+template <>
+struct CounterElementOf<c10::Half> {
+  using type = counter_math::HalfBits;
+};
+template <>
+struct CounterElementOf<c10::BFloat16> {
+  using type = counter_math::BFloat16Bits;
+};
+template <typename T>
+using CounterElement = typename CounterElementOf<T>::type;
 
 // What every element's value depends on besides its index, for the per-element math of
 // counter_math.h (before math::for_dtype completes it for a dtype).

@@ -283,10 +283,7 @@ void GraphReplay::place_generator(const RecordedDraws& draws) {
     generator.set_state(anchor_state);
     rng_offset_ = 0;
   }
-  auto* impl = at::check_generator<at::CPUGeneratorImpl>(generator);
-  at::mt19937 engine = impl->engine();
-  mt19937_discard(engine, draws.offset - rng_offset_);
-  impl->set_engine(engine);
+  discard_draws(*at::check_generator<at::CPUGeneratorImpl>(generator), draws.offset - rng_offset_);
   if (draws.kind == RecordedDraws::Kind::kPlaced) {
     rng_anchor_ = draws.anchor;
     rng_offset_ = draws.offset + draws.draws;
@@ -304,13 +301,7 @@ at::Generator GraphReplay::own_generator(const RecordedNode& node) const {
     return at::make_generator<at::CPUGeneratorImpl>(
         generator_seed(counter_key(*graph_, node, recording_seed())));
   }
-  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>();
-  generator.set_state(graph_->rng_anchor(draws.anchor)->state());
-  auto* impl = at::check_generator<at::CPUGeneratorImpl>(generator);
-  at::mt19937 engine = impl->engine();
-  mt19937_discard(engine, draws.offset);
-  impl->set_engine(engine);
-  return generator;
+  return cpu_generator_at(graph_->rng_anchor(draws.anchor)->state(), draws.offset);
 }
 
 uint64_t GraphReplay::recording_seed() const {

@@ -249,27 +249,13 @@ TEST(CudaCounterFillPlan, AdjacentThreadsStoreAdjacentPieces) {
   }
 }
 
-// The element type counter_math computes for a torch dtype.
-template <typename T>
-struct Element {
-  using type = T;
-};
-template <>
-struct Element<c10::Half> {
-  using type = math::HalfBits;
-};
-template <>
-struct Element<c10::BFloat16> {
-  using type = math::BFloat16Bits;
-};
-
 // Fills `region` once with the CPU counter fill and once by simulating every thread of the
 // kernel's launch on it, into buffers of zeros, and compares the buffers whole: the values, and
 // nothing written outside `out`.
 template <typename T>
 void expect_kernel_plan_gives_the_cpu_bits(const CounterDistributionParams& p,
                                            const Region& region) {
-  using E = typename Element<T>::type;
+  using E = CounterElement<T>;
   const c10::ScalarType dtype = c10::CppTypeToScalarType<T>::value;
   const uint64_t seed = 0x9e3779b97f4a7c15ull;
   const uint64_t stream = (uint64_t{5} << 32) | 11;

@@ -3,7 +3,10 @@
 // from its own draw offset.
 #pragma once
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
 #include <ATen/core/MT19937RNGEngine.h>
+#include <ATen/core/Tensor.h>
 
 #include <array>
 #include <cstdint>
@@ -26,6 +29,14 @@ namespace torchdefer {
 // millisecond, growing with log K (BM_Mt19937Jump in bench/micro); short ones just run the
 // recurrence.
 void mt19937_discard(at::mt19937& engine, uint64_t draws);
+
+// Moves `generator` `draws` words along its stream (mt19937_discard of its engine). The caller
+// holds its mutex when others can reach it.
+void discard_draws(at::CPUGeneratorImpl& generator, uint64_t draws);
+
+// A new CPU generator at `state` (a CPU generator's get_state()) and then `draws` words further:
+// a private copy of a recorded place on a stream.
+at::Generator cpu_generator_at(const at::Tensor& state, uint64_t draws);
 
 // The exponents of φ's nonzero terms, ascending (Note [MT19937 jump-ahead]), for the test that
 // checks them against the generator.

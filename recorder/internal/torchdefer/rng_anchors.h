@@ -78,6 +78,7 @@ struct RngAnchor {
   std::optional<uint64_t> digest_;
   std::shared_future<at::Tensor> later_;
   void resolve(const at::Tensor& start);
+  void forget_what_resolution_needed();
   at::Tensor resolve_on_own_generator(const at::Tensor& start);
 
   std::shared_ptr<RngAnchor> base_;
