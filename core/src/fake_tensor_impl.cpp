@@ -4,7 +4,9 @@
 
 #include "stand_in_device_guard.h"
 
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/TensorOptions.h>
 #include <c10/util/Exception.h>
 
@@ -169,6 +171,11 @@ c10::Device normalize_fake_device(c10::Device device) {
               "Meta tensors already have no storage; create them with device=meta directly.");
   if (device.is_cpu() || device.has_index()) {
     return device;
+  }
+  // "cuda" is the current device, as for a real tensor (torch.cuda.set_device(rank) before
+  // building on "cuda"); asking creates no context. Without CUDA, and for other types, device 0.
+  if (device.is_cuda() && at::globalContext().hasCUDA()) {
+    return c10::Device(c10::kCUDA, at::detail::getCUDAHooks().current_device());
   }
   return c10::Device(device.type(), 0);
 }
