@@ -35,7 +35,8 @@ run() {
   export PYTHONPATH=$PWD/build-gpu/python
   ctest --test-dir build-gpu -j4 --timeout 240 > "$out/ctest.log" 2>&1
   tail -12 "$out/ctest.log"
-  python3 -m pytest -q -rfE tests/python/test_cuda.py 2>&1 | tee "$out/cuda.log" | tail -5
+  python3 -m pytest -q -rfE tests/python/test_cuda.py tests/python/test_cuda_draws.py 2>&1 |
+    tee "$out/cuda.log" | tail -5
   if [ "${1:-}" = bench ]; then
     python3 -m bench.gpu_fill --mib 256 --reps 3 --dtypes f32,bf16 --json "$out/gpu_fill.json"
     python3 -m bench.harness.run --device cuda --world 64 --reps 1 --build-dir build-gpu \

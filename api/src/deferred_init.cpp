@@ -6,14 +6,28 @@
 
 #include "materialization.h"
 
+#include <ATen/Context.h>
+
 #include <memory>
 #include <string>
 #include <utility>
 
 namespace torchdefer {
 
+namespace {
+
+bool draws_cuda_from_cuda(CudaDraws draws) {
+  if (draws == CudaDraws::kAuto) {
+    return at::globalContext().hasCUDA();
+  }
+  return draws == CudaDraws::kCudaGenerator;
+}
+
+}  // namespace
+
 DeferredInitGuard::DeferredInitGuard(std::string context, DeferredInitOptions options)
     : recording_(std::make_unique<detail::Recording>(std::move(context), options.exact_generator(),
+                                                     draws_cuda_from_cuda(options.cuda_draws()),
                                                      &detail::read_recorded_values)) {}
 
 DeferredInitGuard::~DeferredInitGuard() = default;

@@ -2,6 +2,7 @@
 #include <torchdefer/extension.h>
 
 #include <torchdefer/counter_rng.h>
+#include <torchdefer/cuda_draws.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/followed_generator.h>
 #include <torchdefer/generator_sharing.h>
@@ -42,6 +43,8 @@ void refuse_inference_tensor(const std::string& what) { detail::refuse_inference
 void settle_default_generator(bool about_to_read) {
   detail::settle_default_generator(about_to_read);
 }
+
+void pay_cuda_generator_debts() { detail::pay_cuda_generator_debts(); }
 
 bool has_fake_metadata_only(const at::TensorBase& t) noexcept {
   return t.defined() && !is_fake(t) && t.key_set().has(kFakeKey);

@@ -208,13 +208,16 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torchdefer's C++ core; use the torchdefer package instead.";
 
   py::class_<RecordingContext>(m, "_RecordingScope")
-      .def(py::init([](std::string name, bool exact_generator) {
-             return RecordingContext("context manager", [name, exact_generator] {
+      .def(py::init([](std::string name, bool exact_generator, bool cuda_generator) {
+             return RecordingContext("context manager", [name, exact_generator, cuda_generator] {
                return std::make_unique<RecordingScope>(
-                   name, DeferredInitOptions().exact_generator(exact_generator));
+                   name, DeferredInitOptions()
+                             .exact_generator(exact_generator)
+                             .cuda_draws(cuda_generator ? CudaDraws::kCudaGenerator
+                                                        : CudaDraws::kCpuGenerator));
              });
            }),
-           py::arg("name"), py::arg("exact_generator") = false)
+           py::arg("name"), py::arg("exact_generator") = false, py::arg("cuda_generator") = false)
       .def("__enter__", &RecordingContext::enter)
       .def("__exit__", [](RecordingContext& self, py::args) { self.exit(); });
 
@@ -223,6 +226,10 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("_settle_default_generator", &settle_default_generator, py::arg("about_to_read") = true,
         "Applies this thread's recorded draws to the default CPU generator now.");
+
+  m.def("_pay_cuda_generator_debts", &pay_cuda_generator_debts,
+        py::call_guard<py::gil_scoped_release>(),
+        "Leaves every CUDA generator recordings owe where eager construction has it now.");
 
   py::class_<FakeModeContext>(m, "_FakeMode")
       .def(py::init([](std::optional<c10::Device> device) {

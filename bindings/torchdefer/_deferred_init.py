@@ -67,6 +67,25 @@ from torch.nn.modules import module as _nn_module
 from torchdefer import _C, _dtensor, _generator_state, _guard, _module_tree, _options, _recording, _stand_ins
 
 
+def _draws_cuda_from_cuda(cuda_draws: Optional[str]) -> bool:
+    """Whether a recording's random ops on CUDA tensors draw from CUDA's generator (Note
+    [Torch-mode draws on CUDA] in recorder/internal/torchdefer/cuda_draws.h). When
+    ``torch.manual_seed`` queued a seed for CUDA's generators (CUDA not initialized yet), CUDA is
+    initialized first, which creates no context, so that the seed is in the generator the
+    recording reads; otherwise nothing is initialized (a process that forks later stays free to)."""
+    if cuda_draws not in (None, "cuda", "cpu"):
+        raise ValueError(
+            "torchdefer: cuda_draws must be \"cuda\" (CUDA's generator, as eager construction on "
+            "the GPU), \"cpu\" (the CPU generator, the same values on every device) or None "
+            f"(\"cuda\" where a CUDA device is present), got {cuda_draws!r}"
+        )
+    available = torch.cuda.is_available()
+    on_cuda = available if cuda_draws is None else cuda_draws == "cuda"
+    if on_cuda and available and not torch.cuda.is_initialized() and getattr(torch.cuda, "_queued_calls", True):
+        torch.cuda.init()
+    return on_cuda
+
+
 @contextlib.contextmanager
 def fake_mode(device: _options.DeviceLike = None) -> Iterator[None]:
     """While active, every factory returns a fake tensor (on ``device`` if a factory names none).
@@ -86,6 +105,7 @@ def deferred_init(
     module_cls_or_callable: Callable[..., Any],
     *args: Any,
     exact_generator: bool = False,
+    cuda_draws: Optional[str] = None,
     **kwargs: Any,
 ) -> Any:
     """Calls ``module_cls_or_callable(*args, **kwargs)`` with every tensor fake and every operation
@@ -96,6 +116,13 @@ def deferred_init(
     materialization settles it where eager leaves it (a warning names them if it was drawn from
     before that). ``exact_generator=True`` computes them when recording ends, at eager's cost for
     those ops, and leaves the generator exact at once.
+
+    ``cuda_draws`` says which generator random ops on CUDA tensors draw from, for torch-mode
+    materialization: ``"cuda"`` (CUDA's generator, as eager construction on the GPU: eager's bits
+    on this GPU model, and CUDA's generator left where eager leaves it), ``"cpu"`` (the CPU
+    generator, as eager construction on the CPU: the same bits on every device), or ``None``
+    (``"cuda"`` where a CUDA device is present, else ``"cpu"``). Counter mode gives the same values
+    either way.
     """
     if not callable(module_cls_or_callable):
         raise TypeError(
@@ -103,9 +130,10 @@ def deferred_init(
             f"{type(module_cls_or_callable).__name__}"
         )
     name = getattr(module_cls_or_callable, "__qualname__", repr(module_cls_or_callable))
+    cuda_generator = _draws_cuda_from_cuda(cuda_draws)
     inference_tensors_before = _C._inference_tensors_made()
     with _recording.mode(), _generator_state.settled_on_access(), \
-            _C._RecordingScope(name, exact_generator):
+            _C._RecordingScope(name, exact_generator, cuda_generator):
         result = module_cls_or_callable(*args, **kwargs)
     if _C._inference_tensors_made() != inference_tensors_before:
         _refuse_inference_tensors(result, name)
@@ -237,13 +265,15 @@ class deferred:
     Blocks nest with each other and with ``deferred_init`` (each inner one records separately). An
     exception inside the block closes it and propagates. A ``deferred()`` object can be entered
     again after it has exited, not while it is active. Errors recorded inside the block name it by
-    the file and line that created it. ``exact_generator`` is ``deferred_init``'s: the modules
+    the file and line that created it. ``exact_generator`` and ``cuda_draws`` are
+    ``deferred_init``'s: the modules
     listed in ``block.modules`` get what ``deferred_init``'s result gets (the forward check, and
     DTensor layouts applied to them later).
     """
 
-    def __init__(self, *, exact_generator: bool = False) -> None:
+    def __init__(self, *, exact_generator: bool = False, cuda_draws: Optional[str] = None) -> None:
         self._exact_generator = exact_generator
+        self._cuda_draws = cuda_draws
         caller = sys._getframe(1)
         self._name = (
             f"torchdefer.deferred() at {os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
@@ -262,10 +292,12 @@ class deferred:
                 f"torchdefer: {self._name} is already active; nest a new torchdefer.deferred() instead "
                 "of entering the same one twice"
             )
+        cuda_generator = _draws_cuda_from_cuda(self._cuda_draws)
         with contextlib.ExitStack() as opening:
             self._mode = opening.enter_context(_recording.mode())
             opening.enter_context(_generator_state.settled_on_access())
-            opening.enter_context(_C._RecordingScope(self._name, self._exact_generator))
+            opening.enter_context(
+                _C._RecordingScope(self._name, self._exact_generator, cuda_generator))
             _hooks_for_one_more_block()
             opening.callback(_hooks_for_one_block_less)
             self._exit_stack = opening.pop_all()

@@ -31,6 +31,14 @@ call torch's own function for it.
 Not seen: ``torch.default_generator.get_state()`` called directly, references to these functions
 taken before the recording started (``from torch import get_rng_state`` at import), and C++ code;
 they see the generator before the pending draws, as before.
+
+CUDA's generators, for recordings that draw from them (Note [Torch-mode draws on CUDA] in
+recorder/internal/torchdefer/cuda_draws.h), are moved as each op is recorded, except after a
+sampler whose increment only its run tells: the generator is then owed and parked at a mark (Note
+[Marks of an owed CUDA generator] in recorder/src/cuda_draws.cpp). ``torch.cuda.get_rng_state``
+and ``get_rng_state_all`` are wrapped the same way, paying those samplers first (on the GPU), so
+the state read, and restored by ``fork_rng``, is eager's; the setters need nothing, a set being a
+move the next recorded op sees.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ import torch
 from torchdefer import _C
 
 _NAMES = ("get_rng_state", "set_rng_state", "manual_seed", "seed")
+_CUDA_READS = ("get_rng_state", "get_rng_state_all")
 _lock = threading.Lock()
 _open = 0
 _saved: List[Tuple[Any, str, Callable[..., Any]]] = []
@@ -58,6 +67,15 @@ def _settled_first(function: Callable[..., Any], about_to_read: bool) -> Callabl
     return wrapper
 
 
+def _cuda_paid_first(function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _C._pay_cuda_generator_debts()
+        return function(*args, **kwargs)
+
+    return wrapper
+
+
 def _install() -> None:
     wrappers: Dict[int, Callable[..., Any]] = {}
     for module in (torch, torch.random):
@@ -67,6 +85,10 @@ def _install() -> None:
                 id(function), _settled_first(function, about_to_read=name == "get_rng_state"))
             _saved.append((module, name, function))
             setattr(module, name, wrapper)
+    for name in _CUDA_READS:
+        function = getattr(torch.cuda, name)
+        _saved.append((torch.cuda, name, function))
+        setattr(torch.cuda, name, _cuda_paid_first(function))
 
 
 def _uninstall() -> None:

@@ -152,6 +152,13 @@ constexpr OpInfo contiguous_result(OpInfo info) {
 // running_mean and running_var, arguments 3 and 4 of every op below.
 constexpr uint32_t kRunningStats = (1u << 3) | (1u << 4);
 
+// Filled by ATen's distribution kernel on CUDA, one launch over the tensor it fills (functional
+// forms included: normal(mean, std) fills its output with normal_ and then scales it).
+constexpr OpInfo distribution_kernel_on_cuda(OpInfo info) {
+  info.cuda_draws = CudaDrawRule::kDistributionKernel;
+  return info;
+}
+
 namespace rules = detail::meta_rules;
 using D = DrawRule;
 using S = CounterSampler;
@@ -161,26 +168,33 @@ using S = CounterSampler;
 // functional op, its in-place form and every overload.
 constexpr OpInfo kOps[] = {
     // Random ops. Counter parameters name the op's arguments; the rest of Note [Counter RNG].
-    overwrites_self(random("aten::uniform_", D::kUniform, S::kUniform, {"from", 0}, {"to", 1})),
-    random("aten::rand", D::kUniform, S::kUniform, {"", 0}, {"", 1}),
-    reads_metadata_only(random("aten::rand_like", D::kUniform, S::kUniform, {"", 0}, {"", 1})),
-    overwrites_self(random("aten::normal_", D::kNormal, S::kNormal, {"mean", 0}, {"std", 1})),
-    random("aten::normal", D::kNormal),
-    random("aten::randn", D::kNormal, S::kNormal, {"", 0}, {"", 1}),
-    reads_metadata_only(random("aten::randn_like", D::kNormal, S::kNormal, {"", 0}, {"", 1})),
+    distribution_kernel_on_cuda(overwrites_self(
+        random("aten::uniform_", D::kUniform, S::kUniform, {"from", 0}, {"to", 1}))),
+    distribution_kernel_on_cuda(random("aten::rand", D::kUniform, S::kUniform, {"", 0}, {"", 1})),
+    distribution_kernel_on_cuda(
+        reads_metadata_only(random("aten::rand_like", D::kUniform, S::kUniform, {"", 0}, {"", 1}))),
+    distribution_kernel_on_cuda(
+        overwrites_self(random("aten::normal_", D::kNormal, S::kNormal, {"mean", 0}, {"std", 1}))),
+    distribution_kernel_on_cuda(random("aten::normal", D::kNormal)),
+    distribution_kernel_on_cuda(random("aten::randn", D::kNormal, S::kNormal, {"", 0}, {"", 1})),
+    distribution_kernel_on_cuda(
+        reads_metadata_only(random("aten::randn_like", D::kNormal, S::kNormal, {"", 0}, {"", 1}))),
     overwrites_self(random("aten::random_", D::kRandom, S::kRandom)),
     random("aten::randint", D::kRandom, S::kRandint),
     reads_metadata_only(random("aten::randint_like", D::kRandom, S::kRandint)),
-    overwrites_self(
-        random("aten::cauchy_", D::kTwoPerElement, S::kCauchy, {"median", 0}, {"sigma", 1})),
-    overwrites_self(random("aten::geometric_", D::kTwoPerElement, S::kGeometric, {"p", 0.5})),
-    overwrites_self(random("aten::exponential_", D::kOnScratch, S::kExponential, {"lambd", 1})),
-    overwrites_self(
-        random("aten::log_normal_", D::kOnScratch, S::kLogNormal, {"mean", 1}, {"std", 2})),
-    overwrites_self(random("aten::bernoulli_.float", D::kOnScratch, S::kBernoulli, {"p", 0.5})),
+    distribution_kernel_on_cuda(overwrites_self(
+        random("aten::cauchy_", D::kTwoPerElement, S::kCauchy, {"median", 0}, {"sigma", 1}))),
+    distribution_kernel_on_cuda(
+        overwrites_self(random("aten::geometric_", D::kTwoPerElement, S::kGeometric, {"p", 0.5}))),
+    distribution_kernel_on_cuda(overwrites_self(
+        random("aten::exponential_", D::kOnScratch, S::kExponential, {"lambd", 1}))),
+    distribution_kernel_on_cuda(overwrites_self(
+        random("aten::log_normal_", D::kOnScratch, S::kLogNormal, {"mean", 1}, {"std", 2}))),
+    distribution_kernel_on_cuda(overwrites_self(
+        random("aten::bernoulli_.float", D::kOnScratch, S::kBernoulli, {"p", 0.5}))),
     overwrites_self(random("aten::bernoulli_.Tensor", D::kBernoulliTensor)),
     random("aten::bernoulli", D::kBernoulliTensor),
-    random("aten::bernoulli.p", D::kOnScratch),
+    distribution_kernel_on_cuda(random("aten::bernoulli.p", D::kOnScratch)),
     random("aten::multinomial", D::kOnScratch),
     with_meta(random("aten::poisson", D::kValueDependent), rules::same_shape),
     random("aten::binomial", D::kValueDependent),

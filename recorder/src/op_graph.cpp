@@ -27,11 +27,12 @@ LiveGraphs& live_graph_list() {
 }  // namespace
 
 OpGraph::OpGraph(std::string context, std::shared_future<uint64_t> counter_seed,
-                 detail::ValueReader reader, bool exact_generator)
+                 detail::ValueReader reader, bool exact_generator, bool cuda_generator)
     : context_(std::move(context)),
       counter_seed_(std::move(counter_seed)),
       value_reader_(reader),
-      exact_generator_(exact_generator) {
+      exact_generator_(exact_generator),
+      cuda_generator_(cuda_generator) {
   live_graphs.fetch_add(1, std::memory_order_relaxed);
   LiveGraphs& list = live_graph_list();
   const std::lock_guard<std::mutex> lock(list.mutex);

@@ -2,6 +2,7 @@
 // at kDeferredInitKey, every other op at kFakeKey), and the Recording that deferred_init opens.
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/core_kernels.h>
+#include <torchdefer/cuda_draws.h>
 #include <torchdefer/data_dependent_ops.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/generator_sharing.h>
@@ -558,8 +559,7 @@ class Recorder {
     }
     if (graph_ == nullptr) {
       if (facts_.random) {
-        // An unrecorded op is about to draw: the generator must be where eager would have it.
-        detail::settle_generator_exactly();
+        settle_before_a_real_draw();  // an unrecorded op is about to draw
       }
       redispatch(keys);
       return;
@@ -800,7 +800,7 @@ class Recorder {
       throw;
     }
     if (facts_.random) {
-      detail::settle_generator_exactly();  // it draws now, where eager would have drawn
+      settle_before_a_real_draw();  // it draws now, where eager would have drawn
     }
     RealOnlyGuard real_only;
     op_.callBoxed(&stack_);
@@ -904,10 +904,22 @@ class Recorder {
       // An unrecorded op is about to draw: the generator must be where eager would have it. On
       // meta tensors (a meta build's reset_parameters) it draws nothing, and settling there would
       // pay an owed generator at eager's cost of every sampler it waits for.
-      detail::settle_generator_exactly();
+      settle_before_a_real_draw();
     }
     RealOnlyGuard real_only;
     run_below(keys);
+  }
+
+  // The generators an unrecorded random op may draw from, where eager has them: the CPU's, and
+  // CUDA's when it touches a CUDA tensor (Note [Torch-mode draws on CUDA]).
+  void settle_before_a_real_draw() const {
+    detail::settle_generator_exactly();
+    const bool on_cuda = std::any_of(seen_.begin(), seen_.end(), [](const SeenTensor& seen) {
+      return seen.tensor->defined() && seen.tensor->is_cuda();
+    });
+    if (on_cuda) {
+      detail::pay_cuda_generator_debts();
+    }
   }
 
   bool only_meta_tensors() const {
@@ -1339,14 +1351,15 @@ void recording_fake_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet 
   Recorder(op, facts, stack, Position::kAtFakeKey).run(keys);
 }
 
-Recording::Recording(std::string context, bool exact_generator, ValueReader reader)
+Recording::Recording(std::string context, bool exact_generator, bool cuda_generator,
+                     ValueReader reader)
     : include_deferred_init_(kDeferredInitKey),
       saved_graph_(tls_graph),
       exact_generator_(exact_generator) {
   enter_recording();  // Note [Replays that lend themselves the default generator]
   try {
     auto graph = std::make_shared<OpGraph>(std::move(context), default_generator_digest(), reader,
-                                           exact_generator);
+                                           exact_generator, cuda_generator);
     tls_open_recordings.push_back({graph.get(), {}});
     tls_graph = std::move(graph);
   } catch (...) {
@@ -1369,12 +1382,21 @@ Recording::~Recording() {
     pay_generator_debt_of_finished({ended});
     return;
   }
+  // A destructor must not throw; a generator that cannot be paid stays owed, and the warning says
+  // why.
   try {
     settle_generator_exactly();
   } catch (const c10::Error& e) {
-    // A destructor must not throw; the generator stays owed, and the warning says why.
     TORCH_WARN("torchdefer: exact_generator: could not resolve the random ops of this recording: ",
                e.what_without_backtrace());
+  }
+  try {
+    pay_cuda_generator_debts();  // Note [Torch-mode draws on CUDA]
+  } catch (const c10::Error& e) {
+    TORCH_WARN(
+        "torchdefer: exact_generator: could not resolve the CUDA random ops of this "
+        "recording: ",
+        e.what_without_backtrace());
   }
 }
 

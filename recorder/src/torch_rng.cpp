@@ -4,6 +4,7 @@
 #include "deregistrations.h"
 
 #include <torchdefer/boxed_arguments.h>
+#include <torchdefer/cuda_draws.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/followed_generator.h>
 #include <torchdefer/generator_sharing.h>
@@ -759,6 +760,11 @@ RecordedDraws place_random_node(const std::shared_ptr<OpGraph>& graph, const Rec
                                 bool in_recording_scope) {
   ThreadRng& rng = this_thread_rng;
   const RandomOperator op = random_operator(rng, node.op.schema());
+  if (C10_UNLIKELY(graph->cuda_generator() && target.defined() && target.device().is_cuda()) &&
+      !explicit_generator_argument(op, node)) {
+    // Note [Torch-mode draws on CUDA]
+    return place_on_cuda_generator(*graph, node, target, tensors, in_recording_scope);
+  }
   const DrawPlan plan = plan_draws(op, *graph, node, target);
   if (C10_UNLIKELY(plan.kind != DrawPlan::Kind::kKnown || !in_recording_scope ||
                    given_generator(op, node))) {

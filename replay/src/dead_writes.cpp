@@ -101,7 +101,10 @@ bool overwritten_before_read(const OpGraph& graph, const RecordedStorage& storag
   if (overwriting_op(dead) == nullptr || overwriting_op(covering) == nullptr) {
     return false;
   }
-  if (dead.draws && dead.draws->kind != RecordedDraws::Kind::kPlaced) {
+  // A fill placed from a known place (an anchor and offset, or CUDA's seed and offset) can be
+  // skipped; one whose end anchors later ops is needed for where they start.
+  if (dead.draws && dead.draws->kind != RecordedDraws::Kind::kPlaced &&
+      !(dead.draws->kind == RecordedDraws::Kind::kCudaGenerator && dead.draws->end_anchor < 0)) {
     return false;
   }
   const RecordedValue* dead_view = written_value(graph, dead);

@@ -9,6 +9,7 @@
 #include <torchdefer/ambient_state.h>
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/counter_rng.h>
+#include <torchdefer/cuda_draws.h>
 #include <torchdefer/fake_tensor.h>
 #include <torchdefer/fake_tensor_impl.h>
 #include <torchdefer/generator_sharing.h>
@@ -386,7 +387,9 @@ void GraphReplay::check_replayed_output(const RecordedNode& node, const Recorded
 // device, at the cost of host copies of that op's tensors. A tensor the op writes is copied with
 // its whole storage and viewed with its own strides and offset on the CPU, since how a CPU kernel
 // draws can depend on the layout it writes (normal_ on a strided view). Counter mode fills on the
-// device.
+// device. A recording whose CUDA ops draw from CUDA's generator runs them on their CUDA device
+// the same way, wherever they are materialized (Note [Torch-mode draws on CUDA] in
+// recorder/internal/torchdefer/cuda_draws.h).
 namespace {
 
 // The bytes of `t`'s storage, as a one-dimensional uint8 tensor on t's device.
@@ -397,53 +400,83 @@ at::Tensor storage_bytes(const at::Tensor& t) {
 
 }  // namespace
 
-void GraphReplay::call_on_cpu(const RecordedNode& node, torch::jit::Stack& stack,
-                              c10::Device device) {
+void GraphReplay::call_on(const RecordedNode& node, torch::jit::Stack& stack, c10::Device run_on,
+                          c10::Device device) {
   const auto& arguments = node.op.schema().arguments();
   struct Written {
     at::Tensor device_bytes;
-    at::Tensor cpu_bytes;
+    at::Tensor run_bytes;
     at::Tensor on_device;
-    at::Tensor on_cpu;
+    at::Tensor on_run;
   };
   std::vector<Written> written;
   for (size_t i = 0; i < stack.size() && i < arguments.size(); ++i) {
     const bool writes = arguments[i].alias_info() && arguments[i].alias_info()->isWrite();
     stack[i] = map_tensors(stack[i], [&](const at::Tensor& t) {
-      if (!t.defined() || t.device().is_cpu()) {
+      if (!t.defined() || t.device() == run_on) {
         return t;
       }
       if (!writes) {
-        return t.to(c10::kCPU);
+        return t.to(run_on);
       }
       Written w{storage_bytes(t), at::Tensor(), t, at::Tensor()};
-      w.cpu_bytes = w.device_bytes.to(c10::kCPU);
-      w.on_cpu = at::empty({0}, t.options().device(c10::kCPU))
-                     .set_(w.cpu_bytes.storage(), t.storage_offset(), t.sizes(), t.strides());
+      w.run_bytes = w.device_bytes.to(run_on);
+      w.on_run = at::empty({0}, t.options().device(run_on))
+                     .set_(w.run_bytes.storage(), t.storage_offset(), t.sizes(), t.strides());
       written.push_back(w);
-      return w.on_cpu;
+      return w.on_run;
     });
     if (is_device_argument(arguments[i]) && stack[i].isDevice()) {
-      stack[i] = c10::Device(c10::kCPU);
+      stack[i] = run_on;
     }
   }
   node.op.callBoxed(&stack);
   for (Written& w : written) {
-    w.device_bytes.copy_(w.cpu_bytes);
+    w.device_bytes.copy_(w.run_bytes);
   }
   for (c10::IValue& output : stack) {
     output = map_tensors(output, [&](const at::Tensor& t) {
-      if (!t.defined() || !t.device().is_cpu()) {
+      if (!t.defined() || t.device() != run_on) {
         return t;
       }
       for (const Written& w : written) {
-        if (t.is_alias_of(w.on_cpu)) {
+        if (t.is_alias_of(w.on_run)) {
           return w.on_device;
         }
       }
       return t.to(device);
     });
   }
+}
+
+// Note [Torch-mode draws on CUDA] (recorder/internal/torchdefer/cuda_draws.h): the node runs on
+// its recorded CUDA device with that device's generator lent at its place; how far the run moved
+// the offset either resolves the node's own sampler or is checked against the recorded increment.
+void GraphReplay::call_on_cuda_generator(const RecordedNode& node, torch::jit::Stack& stack,
+                                         c10::Device device) {
+  const RecordedDraws& draws = *node.draws;
+  const CudaPlace place = cuda_place(*graph_, node);  // may run samplers: before the node's state
+  const AmbientStateGuard ambient(node.ambient);
+  const c10::Device cuda(c10::kCUDA, draws.cuda_device);
+  const uint64_t end = with_cuda_generator_at(draws.cuda_device, place, [&] {
+    if (device == cuda) {
+      node.op.callBoxed(&stack);
+    } else {
+      call_on(node, stack, cuda, device);
+    }
+  });
+  cuda_generators_.insert(draws.cuda_device);
+  if (draws.end_anchor >= 0) {
+    graph_->cuda_sampler(draws.end_anchor)->offer(end);
+    return;
+  }
+  TORCH_CHECK(end == place.offset + draws.draws, "torchdefer: ", op_name(node),
+              " in deferred_init of ", graph_->context(), " moved CUDA's generator on ", cuda,
+              " by ", end - place.offset, " where torchdefer computed ", draws.draws,
+              " from ATen's launch of its distribution kernel, so the random ops recorded after it "
+              "would not get eager's values. Materialize in counter RNG mode, or record with "
+              "cuda_draws=\"cpu\" (C++: CudaDraws::kCpuGenerator); and please report this LibTorch "
+              "version.");
 }
 
 namespace {
@@ -570,7 +603,11 @@ bool uses_default_generator(const RecordedNode& node, bool counter_rng) {
   if (node.draws == nullptr) {
     return outside_aten(node);
   }
-  return counter_rng ? !has_counter_definition(node) : node.draws->generator_argument < 0;
+  if (counter_rng) {
+    return !has_counter_definition(node);
+  }
+  return node.draws->generator_argument < 0 &&
+         node.draws->kind != RecordedDraws::Kind::kCudaGenerator;
 }
 
 }  // namespace
@@ -585,6 +622,12 @@ int64_t GraphReplay::run_node(std::set<int64_t>::const_iterator position) {
   torch::jit::Stack stack = node_stack(
       node, [&](size_t, const RecordedInput& input) { return input_tensor(input, device); },
       device);
+  if (node.draws && !config_.counter_rng &&
+      node.draws->kind == RecordedDraws::Kind::kCudaGenerator) {
+    call_on_cuda_generator(node, stack, device);
+    keep_outputs(index, node, stack);
+    return 1;
+  }
   at::Generator own;
   if (node.draws && node.draws->generator_argument >= 0) {
     own = own_generator(node);
@@ -595,7 +638,7 @@ int64_t GraphReplay::run_node(std::set<int64_t>::const_iterator position) {
   const AmbientStateGuard ambient(node.ambient);
   int64_t ran = 1;
   if (node.draws && !config_.counter_rng && !device.is_cpu()) {
-    call_on_cpu(node, stack, device);
+    call_on(node, stack, c10::Device(c10::kCPU), device);
   } else if (node.draws && !config_.counter_rng) {
     ran = run_fill_in_parts_from(position, stack, device);
     if (ran == 0) {
@@ -610,6 +653,13 @@ int64_t GraphReplay::run_node(std::set<int64_t>::const_iterator position) {
   if (node.draws && node.draws->end_anchor >= 0 && !config_.counter_rng) {
     offer_end_anchor(*node.draws, own.defined() ? own : at::detail::getDefaultCPUGenerator());
   }
+  keep_outputs(index, node, stack);
+  return ran;
+}
+
+// Keeps what node `index` returned for the storages it creates in this replay.
+void GraphReplay::keep_outputs(int64_t index, const RecordedNode& node,
+                               const torch::jit::Stack& stack) {
   size_t output = 0;
   for (size_t i = 0; i < stack.size(); ++i) {
     map_tensors(stack[i], [&](const at::Tensor& t) {
@@ -626,7 +676,6 @@ int64_t GraphReplay::run_node(std::set<int64_t>::const_iterator position) {
       return t;
     });
   }
-  return ran;
 }
 
 // A value-dependent sampler just ran on `generator` (the default CPU generator, or the op's
@@ -671,6 +720,17 @@ void GraphReplay::run(const ForeignValues& foreign,
     }
   }
   foreign_ = nullptr;
+  for (const c10::DeviceIndex device : cuda_generators_) {
+    // Note [Torch-mode draws on CUDA]. The values are computed: a debt that cannot be paid (a
+    // sampler that fails on scratch) leaves CUDA's generator owed, and says why.
+    try {
+      pay_cuda_generator_debt(device);
+    } catch (const c10::Error& e) {
+      TORCH_WARN("torchdefer: CUDA's generator on cuda:", static_cast<int>(device),
+                 " stays where the recording left it, not where eager construction leaves it: ",
+                 e.what_without_backtrace());
+    }
+  }
   views_.reserve(targets_.size());
   for (size_t i = 0; i < targets_.size(); ++i) {
     const RecordedValue& value = graph_->values()[target_values_[i]];

@@ -415,11 +415,11 @@ TEST(Materialize, BuffersOnlyLeavesParametersFake) {
   EXPECT_TRUE(is_fake(norm->weight));
 }
 
-TEST(Materialize, RecordedOnFakeCudaMaterializesOnTheCpu) {
+TEST(Materialize, RecordedOnFakeCudaFromTheCpuGeneratorMaterializesOnTheCpu) {
   torch::manual_seed(5);
   nn::Linear eager(6, 5);
   torch::manual_seed(5);
-  auto deferred = deferred_init([] {
+  auto deferred = deferred_init(DeferredInitOptions().cuda_draws(CudaDraws::kCpuGenerator), [] {
     FakeMode on_cuda(at::kCUDA);
     return nn::Linear(6, 5);
   });

@@ -1,6 +1,7 @@
-"""The GPU path (issue 13): counter mode on CUDA gives the CPU counter fill's bits, whole and
-sharded, with GPU memory bounded by the shard; torch mode on CUDA gives eager's CPU bits.
-These need a CUDA device and run on the GPU machine (docs/gpu.md); without one they are skipped."""
+"""The GPU path: counter mode on CUDA gives the CPU counter fill's bits, whole and sharded, with
+GPU memory bounded by the shard; torch mode gives eager construction's bits on CUDA (CUDA's
+generator, Note [Torch-mode draws on CUDA]) or, with cuda_draws="cpu", eager's CPU bits. These need
+a CUDA device and run on the GPU machine (docs/gpu.md); without one they are skipped."""
 
 import math
 import os
@@ -191,14 +192,15 @@ def eager_cpu_state(seed):
 
 
 @pytest.mark.parametrize("recorded_on", ["cuda", "cpu"])
-def test_torch_mode_on_cuda_gives_eagers_cpu_bits(recorded_on):
-    """Note [Torch-mode draws run on the CPU]: recorded with torch.device("cuda") or on the CPU and
-    materialized with device="cuda", the values are eager construction's on the CPU."""
+def test_torch_mode_on_cuda_from_the_cpu_generator_gives_eagers_cpu_bits(recorded_on):
+    """Note [Torch-mode draws run on the CPU]: recorded with torch.device("cuda") and
+    cuda_draws="cpu", or on the CPU, and materialized with device="cuda", the values are eager
+    construction's on the CPU."""
     for seed in [0, 3]:
         expected = eager_cpu_state(seed)
         torch.manual_seed(seed)
         with torch.device(recorded_on):
-            deferred = torchdefer.deferred_init(Mixed)
+            deferred = torchdefer.deferred_init(Mixed, cuda_draws="cpu")
         torchdefer.materialize_module(deferred, device="cuda")
         assert all(p.device.type == "cuda" for p in deferred.parameters())
         got = state_of(deferred)
@@ -206,11 +208,11 @@ def test_torch_mode_on_cuda_gives_eagers_cpu_bits(recorded_on):
             assert bitwise_equal(got[name], value), (seed, name)
 
 
-def test_torch_mode_on_cuda_in_reverse_order_gives_eagers_cpu_bits():
+def test_torch_mode_on_cuda_from_the_cpu_generator_in_reverse_order_gives_eagers_cpu_bits():
     expected = eager_cpu_state(1)
     torch.manual_seed(1)
     with torch.device("cuda"):
-        deferred = torchdefer.deferred_init(Mixed)
+        deferred = torchdefer.deferred_init(Mixed, cuda_draws="cpu")
     for p in reversed(list(deferred.params)):
         holder = torch.nn.Module()
         holder.p = p
@@ -219,6 +221,172 @@ def test_torch_mode_on_cuda_in_reverse_order_gives_eagers_cpu_bits():
     got = state_of(deferred)
     for name, value in expected.items():
         assert bitwise_equal(got[name], value), name
+
+
+# Note [Torch-mode draws on CUDA]: recorded on CUDA's generator (the default with a GPU), torch
+# mode gives eager construction on the GPU, in any order, and leaves CUDA's generator where eager
+# leaves it; the CPU generator is left alone, as eager on the GPU leaves it.
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 3), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+            torch.nn.Conv2d(32, 64, 3, groups=2), torch.nn.BatchNorm2d(64), torch.nn.ReLU())
+        self.classifier = torch.nn.Linear(64 * 9, 10)
+
+
+class MoE(torch.nn.Module):
+    """Experts drawn with normal_, a router with nn.init.trunc_normal_, a randperm buffer and a
+    dropout mask (ops whose increment only their run tells) between them."""
+
+    def __init__(self, experts=6, dim=96):
+        super().__init__()
+        self.router = torch.nn.Linear(dim, experts, bias=False)
+        torch.nn.init.trunc_normal_(self.router.weight, std=0.02)
+        self.register_buffer("order", torch.randperm(experts))
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(dim, 2 * dim) for _ in range(experts))
+        for expert in self.experts:
+            torch.nn.init.normal_(expert.weight, std=0.02)
+        self.register_buffer("mask", torch.nn.functional.dropout(torch.ones(999), 0.1))
+        self.gate = torch.nn.Parameter(torch.randn(experts, dim, dtype=torch.float64))
+
+
+class ForksAndReseeds(torch.nn.Module):
+    """Moves of CUDA's generator while a sampler is owed (Note [Marks of an owed CUDA generator]):
+    a fork_rng that restores it around a draw, and a reseed to the seed construction started from
+    after a first op that was a sampler."""
+
+    def __init__(self, seed=4):
+        super().__init__()
+        self.first = torch.nn.Parameter(torch.randperm(10).float())
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()]):
+            self.inside = torch.nn.Parameter(torch.randn(100))
+        self.after = torch.nn.Parameter(torch.randn(100))  # eager: `inside` again
+        torch.manual_seed(seed)
+        self.again = torch.nn.Parameter(torch.randperm(10).float())  # eager: `first` again
+        self.last = torch.nn.Parameter(torch.empty(33, 7).uniform_())
+
+
+CUDA_MODELS = {"llama": Llama, "convnet": ConvNet, "moe": MoE, "mixed": Mixed, "forks": ForksAndReseeds}
+
+
+def eager_on_cuda(build, seed):
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model = build()
+    return state_of(model), torch.cuda.get_rng_state(), torch.get_rng_state()
+
+
+def deferred_on_cuda(build, seed):
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        return torchdefer.deferred_init(build)
+
+
+def materialized_in(model, order):
+    if order == "children first":
+        for module in reversed(list(model.modules())):
+            holder = torch.nn.Module()
+            for i, p in enumerate(module.parameters(recurse=False)):
+                holder.register_parameter(f"p{i}", p)
+            torchdefer.materialize_module(holder)
+    elif order == "one tensor at a time, last first":
+        for tensor in reversed(list(model.parameters()) + list(model.buffers())):
+            if torchdefer.is_fake(tensor):
+                torchdefer.materialize_tensor(tensor)
+    torchdefer.materialize_module(model)
+    return state_of(model)
+
+
+@pytest.mark.parametrize("order", ["whole", "children first", "one tensor at a time, last first"])
+@pytest.mark.parametrize("name", sorted(CUDA_MODELS))
+def test_torch_mode_on_cuda_gives_eager_construction_on_cuda(name, order):
+    expected, cuda_state, cpu_state = eager_on_cuda(CUDA_MODELS[name], 4)
+    deferred = deferred_on_cuda(CUDA_MODELS[name], 4)
+    assert torch.equal(torch.get_rng_state(), cpu_state), "the CPU generator moved"
+    got = materialized_in(deferred, order)
+    assert all(t.device.type == "cuda" for t in got.values())
+    for key, value in expected.items():
+        assert bitwise_equal(got[key], value), key
+    assert torch.equal(torch.cuda.get_rng_state(), cuda_state)
+
+
+def distribution_kernel_fills():
+    """Every op the op table marks CudaDrawRule::kDistributionKernel, sizes around a capped
+    launch's rounds (1056 blocks of 256 on an H100 SXM or an H200: 1,081,344 elements per round of
+    four), every float dtype, a strided view, complex, empty, and tensors whose offsets need more
+    than 32 bits (ATen then launches each half on its own)."""
+    fills = [
+        ("uniform_ float32 2^29+5", lambda: torch.empty((1 << 29) + 5).uniform_()),
+        ("uniform_ float64 2^28+3", lambda: torch.empty((1 << 28) + 3, dtype=torch.float64).uniform_()),
+        ("exponential_ transposed", lambda: torch.empty(64, 1000).t().exponential_()),
+        ("bernoulli_ column slice", lambda: torch.empty(4096, 4096)[:, :1000].bernoulli_(0.5)),
+        ("bernoulli_ float64", lambda: torch.empty(3000, dtype=torch.float64).bernoulli_(0.5)),
+        ("bernoulli p", lambda: torch.bernoulli(torch.zeros(5000), p=0.3)),
+        ("randn complex64", lambda: torch.randn(17, 33, dtype=torch.complex64)),
+        ("rand empty", lambda: torch.rand(0)),
+        ("rand_like", lambda: torch.rand_like(torch.zeros(2000, 3, dtype=torch.float16))),
+        ("randn_like", lambda: torch.randn_like(torch.zeros(2000, 3, dtype=torch.float64))),
+        ("cauchy_", lambda: torch.empty(3001).cauchy_()),
+        ("log_normal_", lambda: torch.empty(3001, dtype=torch.bfloat16).log_normal_()),
+        ("geometric_ int64", lambda: torch.empty(3001, dtype=torch.int64).geometric_(0.3)),
+        ("geometric_ float64", lambda: torch.empty(3001, dtype=torch.float64).geometric_(0.3)),
+        ("normal(Tensor, Tensor)", lambda: torch.normal(torch.zeros(777, 3), torch.ones(777, 3))),
+        ("normal(float, Tensor)", lambda: torch.normal(0.5, torch.ones(4099))),
+        ("normal(float, float, size)", lambda: torch.normal(0.0, 1.0, size=(1081345,))),
+    ]
+    for n in [1, 255, 256, 257, 1081343, 1081344, 1081345, 5_000_001]:
+        for dtype in DTYPES:
+            fills.append((f"normal_ {dtype} {n}", lambda n=n, dtype=dtype: torch.empty(n, dtype=dtype).normal_()))
+    return fills
+
+
+@pytest.mark.parametrize("name,fill", distribution_kernel_fills(), ids=lambda x: x if isinstance(x, str) else "")
+def test_recording_a_distribution_kernel_moves_cudas_generator_as_eager_does(name, fill):
+    torch.cuda.init()  # default_generators is empty until then
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        fill()
+    eager = generator.get_offset()
+    torch.cuda.empty_cache()
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        torchdefer.deferred_init(fill)
+    assert generator.get_offset() == eager, name
+
+
+def test_recording_on_cudas_generator_creates_no_cuda_context():
+    """Asked of the driver: whether device 0's primary context is active after a recording that
+    drew from CUDA's generator (uniform_, and trunc_normal_: a sampler under torch 2.13, a
+    distribution kernel and arithmetic under 2.11)."""
+    program = (
+        "import ctypes, torch, torchdefer\n"
+        "torch.manual_seed(0)\n"
+        "with torch.device('cuda'):\n"
+        "    m = torchdefer.deferred_init(torch.nn.Linear, 64, 64, cuda_draws='cuda')\n"
+        "    torch.nn.init.trunc_normal_(m.weight)\n"
+        "driver = ctypes.CDLL('libcuda.so.1')\n"
+        "device, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()\n"
+        "assert driver.cuInit(0) == 0 and driver.cuDeviceGet(ctypes.byref(device), 0) == 0\n"
+        "assert driver.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(active)) == 0\n"
+        "print(active.value)\n")
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "0", run.stdout + run.stderr
+
+
+def test_a_cuda_draw_between_recording_and_materializing_warns_and_the_model_stays_eagers(capfd):
+    expected, _, _ = eager_on_cuda(MoE, 2)
+    deferred = deferred_on_cuda(MoE, 2)
+    torch.rand(3, device="cuda")
+    got = materialized_in(deferred, "whole")
+    # Said by the C++ library, which writes to stderr with the GIL released.
+    assert "was drawn from while it still owed" in capfd.readouterr().err
+    for key, value in expected.items():
+        assert bitwise_equal(got[key], value), key
 
 
 def test_the_fsdp2_example_over_nccl_has_the_single_process_counter_weights(tmp_path):

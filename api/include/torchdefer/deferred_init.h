@@ -31,6 +31,20 @@
 
 namespace torchdefer {
 
+// Which generator a random op on a CUDA tensor draws from in torch RNG mode (Note [Torch-mode
+// draws on CUDA] in recorder/internal/torchdefer/cuda_draws.h).
+enum class CudaDraws {
+  // kCudaGenerator where a CUDA device is present, else kCpuGenerator: eager construction's values
+  // on this machine.
+  kAuto,
+  // CUDA's Philox generator, as eager construction on the GPU draws: eager's bits on this GPU
+  // model, and CUDA's generator left where eager leaves it.
+  kCudaGenerator,
+  // The default CPU generator, as eager construction on the CPU draws: the same bits on every
+  // device and GPU model.
+  kCpuGenerator,
+};
+
 // Options of one deferred_init call, builder-style:
 //   deferred_init(DeferredInitOptions().exact_generator(true), [&] { return Llama(config); });
 class DeferredInitOptions {
@@ -45,8 +59,16 @@ class DeferredInitOptions {
   }
   bool exact_generator() const { return exact_generator_; }
 
+  // Which generator random ops on CUDA tensors draw from in torch RNG mode (kAuto by default).
+  DeferredInitOptions& cuda_draws(CudaDraws draws) {
+    cuda_draws_ = draws;
+    return *this;
+  }
+  CudaDraws cuda_draws() const { return cuda_draws_; }
+
  private:
   bool exact_generator_ = false;
+  CudaDraws cuda_draws_ = CudaDraws::kAuto;
 };
 
 namespace detail {

@@ -60,6 +60,12 @@ TORCHDEFER_API uint64_t inference_tensors_made();
 // generator's mark]), so a reseed costs no eager work.
 TORCHDEFER_API void settle_default_generator(bool about_to_read = true);
 
+// The same for every CUDA generator that recordings drawing from CUDA's generator owe samplers
+// (Note [Torch-mode draws on CUDA] in recorder/internal/torchdefer/cuda_draws.h): runs them on the
+// GPU and leaves each generator where eager has it, for code about to read its state
+// (torch.cuda.get_rng_state, fork_rng).
+TORCHDEFER_API void pay_cuda_generator_debts();
+
 // True if `t` is a real tensor that `.data = fake` gave a fake's metadata and dispatch keys but
 // not its recording: it can be neither read nor materialized (the Python package refuses it).
 TORCHDEFER_API bool has_fake_metadata_only(const at::TensorBase& t) noexcept;

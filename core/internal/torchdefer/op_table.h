@@ -31,6 +31,13 @@ enum class DrawRule : uint8_t {
   kBernoulliTensor,      // one per element, two when the probabilities are float64
 };
 
+// How a random op on a CUDA tensor moves CUDA's Philox offset (Note [Torch-mode draws on CUDA] in
+// recorder/internal/torchdefer/cuda_draws.h).
+enum class CudaDrawRule : uint8_t {
+  kRunTells,            // only a run tells (rejection loops, dropout, randperm, ...)
+  kDistributionKernel,  // ATen's distribution kernel over the tensor it fills: computed
+};
+
 // The distribution a random op samples in counter RNG mode (Note [Counter RNG]); kNone for ops
 // that have none (randperm, multinomial, dropout), which replay on a seeded generator instead.
 enum class CounterSampler : uint8_t {
@@ -86,6 +93,7 @@ using MetaRule = std::vector<c10::IValue> (*)(c10::ArrayRef<c10::IValue> argumen
 struct OpInfo {
   std::string_view name;  // "aten::normal_", or "aten::where.self" for one overload
   std::optional<DrawRule> draws;
+  CudaDrawRule cuda_draws = CudaDrawRule::kRunTells;
   CounterSampler sampler = CounterSampler::kNone;
   CounterParameter first;   // the sampler's first parameter (from, mean, p, lambda, median)
   CounterParameter second;  // its second (to, std, sigma), if any

@@ -89,6 +89,11 @@ struct RecordedDraws {
   enum class Kind {
     kPlaced,      // starts `offset` draws after OpGraph::rng_anchors()[anchor], uses `draws`
     kAnchorOnly,  // starts `offset` draws after the anchor; how many it takes depends on values
+    // On the default generator of CUDA device `cuda_device` (Note [Torch-mode draws on CUDA] in
+    // cuda_draws.h): seed `cuda_seed`, offset `offset` past the end of OpGraph::cuda_sampler(
+    // anchor), or `offset` itself when `anchor` is -1; the offset moves by `draws`, or, when
+    // `end_anchor` names the op's own sampler, by what its run tells.
+    kCudaGenerator,
   };
   Kind kind = Kind::kPlaced;
   int64_t anchor = -1;
@@ -103,6 +108,9 @@ struct RecordedDraws {
   int64_t end_anchor = -1;
   // Counter RNG mode (Note [Counter RNG]): this op's index among the graph's random ops.
   uint64_t stream = 0;
+  // kCudaGenerator: the device, -1 when its generator could not be read at record time (no CUDA).
+  int8_t cuda_device = -1;
+  uint64_t cuda_seed = 0;
 };
 
 // Note [Where the graph keeps its lists]
@@ -326,6 +334,8 @@ struct RecordedFake final : FakeAnnotation {
   std::shared_ptr<OpGraph> shared_graph() const;
 };
 
+class CudaSampler;
+
 class OpGraph : public std::enable_shared_from_this<OpGraph> {
  public:
   // `context` names what was being constructed, for error messages ("torch::nn::LinearImpl").
@@ -333,15 +343,17 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   // first asked for (Note [A recording that starts during a jump] in
   // recorder/src/background_jump.h). `exact_generator` is its deferred_init's option, which random
   // ops recorded after that call returned follow too (Note [The generator after deferred_init]).
-  // `reader` reads its values (Note [Who reads values]).
+  // `reader` reads its values (Note [Who reads values]). `cuda_generator`: random ops on CUDA
+  // tensors draw from CUDA's generator (Note [Torch-mode draws on CUDA] in cuda_draws.h).
   OpGraph(std::string context, std::shared_future<uint64_t> counter_seed,
-          detail::ValueReader reader, bool exact_generator);
+          detail::ValueReader reader, bool exact_generator, bool cuda_generator = false);
   ~OpGraph();
   OpGraph(const OpGraph&) = delete;
   OpGraph& operator=(const OpGraph&) = delete;
 
   const std::string& context() const { return context_; }
   bool exact_generator() const { return exact_generator_; }
+  bool cuda_generator() const { return cuda_generator_; }
   detail::ValueReader value_reader() const { return value_reader_; }
 
   // The recorded program. Nodes, values and storages are only ever appended; read them while no
@@ -408,6 +420,14 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
     return rng_anchors_[anchor];
   }
   int64_t add_rng_anchor(std::shared_ptr<RngAnchor> anchor);
+  // The samplers on CUDA generators that this graph's random ops are placed after (cuda_draws.h).
+  const std::shared_ptr<CudaSampler>& cuda_sampler(int64_t sampler) const {
+    return cuda_samplers_[sampler];
+  }
+  int64_t add_cuda_sampler(std::shared_ptr<CudaSampler> sampler) {
+    cuda_samplers_.emplace_back(std::move(sampler));
+    return static_cast<int64_t>(cuda_samplers_.size()) - 1;
+  }
   void set_draws(int64_t node, RecordedDraws draws) {
     draws.stream = random_ops_++;
     nodes_[node].draws = &draws_.emplace_back(std::move(draws));
@@ -467,11 +487,13 @@ class OpGraph : public std::enable_shared_from_this<OpGraph> {
   ska::flat_hash_map<const c10::StorageImpl*, int64_t> storage_index_;
   size_t indexed_storages_ = 0;
   StableVector<std::shared_ptr<RngAnchor>, 2> rng_anchors_;
+  StableVector<std::shared_ptr<CudaSampler>, 2> cuda_samplers_;
   ska::flat_hash_set<int64_t> inference_values_;
   uint64_t random_ops_ = 0;
   const std::shared_future<uint64_t> counter_seed_;
   const detail::ValueReader value_reader_;
   const bool exact_generator_;
+  const bool cuda_generator_;
   GraphMutex mutex_;
   std::atomic<int64_t> node_count_{0};  // nodes_.size(), for live_recorded_nodes()
 };

@@ -41,10 +41,12 @@ using ValueReader = at::Tensor (*)(const at::Tensor& fake);
 // thread, factories return fakes (as under FakeMode) and every operator on fakes is recorded into
 // a new OpGraph (Note [The op graph]) that reads values with `reader`. Recordings nest, each with
 // its own graph; one that unwinds because construction threw leaves no key in TLS, and its graph
-// goes away with the fakes that referred to it. `exact_generator`: DeferredInitOptions'.
+// goes away with the fakes that referred to it. `exact_generator`: DeferredInitOptions';
+// `cuda_generator`: whether random ops on CUDA tensors draw from CUDA's generator (Note [Torch-mode
+// draws on CUDA] in cuda_draws.h).
 class Recording {
  public:
-  Recording(std::string context, bool exact_generator, ValueReader reader);
+  Recording(std::string context, bool exact_generator, bool cuda_generator, ValueReader reader);
   ~Recording();
   Recording(const Recording&) = delete;
   Recording& operator=(const Recording&) = delete;

@@ -81,7 +81,10 @@ class GraphReplay {
   void place_generator(const RecordedDraws& draws);
   at::Generator own_generator(const RecordedNode& node) const;
   uint64_t recording_seed() const;
-  void call_on_cpu(const RecordedNode& node, torch::jit::Stack& stack, c10::Device device);
+  void call_on(const RecordedNode& node, torch::jit::Stack& stack, c10::Device run_on,
+               c10::Device device);
+  void call_on_cuda_generator(const RecordedNode& node, torch::jit::Stack& stack,
+                              c10::Device device);
   void offer_end_anchor(const RecordedDraws& draws, at::Generator generator);
   bool run_counter_node(int64_t index, const RecordedNode& node, c10::Device device);
   void check_replayed_output(const RecordedNode& node, const RecordedValue& value,
@@ -89,6 +92,7 @@ class GraphReplay {
   // Runs the node at `position` of nodes_, and the ones after it that run in its parts; returns
   // how many ran.
   int64_t run_node(std::set<int64_t>::const_iterator position);
+  void keep_outputs(int64_t index, const RecordedNode& node, const torch::jit::Stack& stack);
   std::vector<int64_t> partwise_followers(std::set<int64_t>::const_iterator fill) const;
   int64_t run_fill_in_parts_from(std::set<int64_t>::const_iterator fill, torch::jit::Stack& stack,
                                  c10::Device device);
@@ -107,6 +111,7 @@ class GraphReplay {
   int64_t stop_before_ = std::numeric_limits<int64_t>::max();
   int64_t rng_anchor_ = -1;  // where the default generator stands
   uint64_t rng_offset_ = 0;
+  std::set<c10::DeviceIndex> cuda_generators_;  // CUDA generators this replay drew from
 };
 
 // Records in a materialized shard what it holds (read back by shard_info()).
