@@ -45,7 +45,11 @@ namespace torchdefer {
 //    there, as the CPU generator is after a lazy anchor (Note [Lazy RNG anchors]). A sampler runs
 //    once: when a torch-mode replay runs it at its place (the replay offers the offset it left),
 //    or on a scratch tensor of its geometry on its device when an op after it is placed first or
-//    the debt is paid. Recording never runs anything on the GPU.
+//    the debt is paid. Recording itself runs nothing on the GPU; what asks for the generator's
+//    state or a value pays the debt there, as eager construction has computed them by then:
+//    exact_generator, torch.cuda.get_rng_state (and fork_rng) while recording
+//    (bindings/torchdefer/_generator_state.py), an unrecorded random op on a real CUDA tensor, and
+//    a value read of a CUDA fake (a torch-mode replay).
 //  - A replay in torch mode runs each such op on its recorded CUDA device (materializing it
 //    elsewhere copies it there, as `.to()` after eager construction would), with the device's
 //    default generator lent at the op's place and restored after; a distribution kernel's
@@ -57,8 +61,10 @@ namespace torchdefer {
 //    samplers there (on the GPU, at eager's cost for them), so that CUDA's generator is exact when
 //    deferred_init returns, as it does for the CPU generator.
 //  - Each time it places an op, the recorder compares the generator with where it left it: a
-//    reseed or a draw in between (torch.manual_seed in a constructor, an unrecorded CUDA random op)
-//    starts the places again from the generator's state then.
+//    reseed, a restore or a draw in between (torch.manual_seed in a constructor, fork_rng, an
+//    unrecorded CUDA random op) starts the places again from the generator's state then, or, back
+//    at a mark of an owed generator, from the place that mark names (Note [Marks of an owed CUDA
+//    generator] in recorder/src/cuda_draws.cpp).
 // Eager's CUDA bits depend on the GPU model (the launch), so this reproduces eager construction on
 // the recording's GPU; `cuda_draws` on the CPU generator gives eager's CPU bits on every device
 // instead (Note [Torch-mode draws run on the CPU] in replay/src/replay.cpp). Without a CUDA device
