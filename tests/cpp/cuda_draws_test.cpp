@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -102,6 +103,20 @@ TEST(CudaDraws, TorchModeWithoutACudaDeviceNamesTheOpAndLosesNothing) {
   EXPECT_THAT(message, HasSubstr("no CUDA device"));
   EXPECT_THAT(message, HasSubstr("CudaDraws::kCpuGenerator"));
   EXPECT_TRUE(is_fake(w));
+}
+
+TEST(CudaDraws, RecordingCreatesNoCudaContext) {
+  if (!at::globalContext().hasCUDA()) {
+    GTEST_SKIP() << "needs a CUDA device";
+  }
+  torch::manual_seed(5);
+  at::Tensor w = deferred_init(from_cuda(), kaiming_weight);  // a distribution kernel
+  EXPECT_FALSE(at::detail::getCUDAHooks().hasPrimaryContext(0)) << "after uniform_";
+  at::Tensor order = deferred_init(from_cuda(), [] {  // a sampler: the generator is owed
+    return at::randperm(10, at::TensorOptions().device(at::kCUDA));
+  });
+  EXPECT_FALSE(at::detail::getCUDAHooks().hasPrimaryContext(0)) << "after randperm";
+  EXPECT_TRUE(is_fake(w) && is_fake(order));
 }
 
 TEST(CudaDraws, TorchModeOnCudaIsEagerConstructionOnCuda) {

@@ -87,14 +87,26 @@ TEST(FakeMode, WithCudaGivesFakeCudaTensorsOnAMachineWithoutAGpu) {
 }
 
 TEST(FakeMode, NeverInitializesCuda) {
+  const bool cuda = at::detail::getCUDAHooks().hasCUDA();
+  // Asked after each step, so that a GPU run names the step that created a context.
+  const auto expect_no_context = [&](const char* after) {
+    if (cuda) {
+      EXPECT_FALSE(at::detail::getCUDAHooks().hasPrimaryContext(0)) << "after " << after;
+    }
+  };
   {
     FakeMode fake(at::kCUDA);
+    expect_no_context("entering FakeMode(kCUDA)");
     torch::nn::Linear linear(64, 64);
-    at::Tensor out = linear(torch::randn({2, 64}));
+    expect_no_context("constructing nn::Linear (empty, kaiming_uniform_, uniform_)");
+    at::Tensor x = torch::randn({2, 64});
+    expect_no_context("torch::randn");
+    at::Tensor out = linear(x);
+    expect_no_context("the forward pass (addmm, autograd's graph)");
     EXPECT_TRUE(out.requires_grad());
   }
-  if (at::detail::getCUDAHooks().hasCUDA()) {
-    EXPECT_FALSE(at::detail::getCUDAHooks().hasPrimaryContext(0));
+  if (cuda) {
+    expect_no_context("leaving FakeMode");
   } else {
     // A CPU-only LibTorch has no CUDA backend: the only CUDA device guard is torchdefer's
     // stand-in (Note [Stand-in device guards]), and CUDA itself cannot have been touched.
