@@ -90,3 +90,14 @@ def test_an_unknown_cuda_draws_names_the_choices(entry):
         else:
             with torchdefer.deferred(cuda_draws="gpu"):
                 pass
+
+
+def test_reading_cudas_generator_state_while_recording_pays_what_recordings_owe_first():
+    """Note [The generator's state read while recording]: torch.cuda.get_rng_state and
+    get_rng_state_all are wrapped while a recording is open (fork_rng reads them), and restored
+    after."""
+    originals = torch.cuda.get_rng_state, torch.cuda.get_rng_state_all
+    with torchdefer.deferred():
+        wrapped = torch.cuda.get_rng_state, torch.cuda.get_rng_state_all
+    assert all(w is not o and w.__wrapped__ is o for w, o in zip(wrapped, originals))
+    assert (torch.cuda.get_rng_state, torch.cuda.get_rng_state_all) == originals
