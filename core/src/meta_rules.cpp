@@ -102,6 +102,14 @@ Outputs batch_norm_with_update(Arguments args) {
   return batch_norm_outputs(args[0].toTensor(), /*training=*/true, /*extra_outputs=*/1);
 }
 
+// cudnn_batch_norm(input, weight, bias, running_mean, running_var, training,
+// exponential_average_factor, epsilon): what batch_norm picks on CUDA where cuDNN is built in,
+// which LibTorch gives no C++ Meta kernel. Its reserve space is cuDNN's workspace, sized by cuDNN
+// on the device; batch_norm drops it, so its fake is empty.
+Outputs cudnn_batch_norm(Arguments args) {
+  return batch_norm_outputs(args[0].toTensor(), args[5].toBool(), /*extra_outputs=*/1);
+}
+
 // native_dropout(input, p, train)
 Outputs native_dropout(Arguments args) {
   const at::Tensor& input = args[0].toTensor();

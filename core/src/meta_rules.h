@@ -36,6 +36,7 @@ Outputs index_select(Arguments args);
 Outputs batch_norm(Arguments args);
 Outputs batch_norm_no_stats(Arguments args);
 Outputs batch_norm_with_update(Arguments args);
+Outputs cudnn_batch_norm(Arguments args);
 Outputs native_dropout(Arguments args);
 Outputs adaptive_avg_pool2d(Arguments args);
 Outputs convolution(Arguments args);

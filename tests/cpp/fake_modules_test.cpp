@@ -140,6 +140,35 @@ INSTANTIATE_TEST_SUITE_P(TorchNn, FakeModule,
                                   (std::get<1>(info.param).is_cuda() ? "OnFakeCuda" : "OnFakeCpu");
                          });
 
+// What batch_norm calls on CUDA where cuDNN is built in (a GPU machine's LibTorch): the rule in
+// the op table shapes it as cuDNN does, output like the input, the saved statistics per channel
+// while training (empty otherwise) in float, and the reserve space, which batch_norm drops,
+// empty.
+TEST(FakeCudnn, BatchNormHasCudnnsShapesOnFakeCuda) {
+  FakeMode mode(at::kCUDA);
+  const at::Tensor x = torch::empty({2, 16, 5, 5}, at::kHalf);
+  const at::Tensor weight = torch::ones({16});
+  const at::Tensor bias = torch::zeros({16});
+  const at::Tensor mean = torch::zeros({16});
+  const at::Tensor var = torch::ones({16});
+  for (const bool training : {true, false}) {
+    const auto [out, save_mean, save_var, reserve] =
+        at::cudnn_batch_norm(x, weight, bias, mean, var, training, 0.1, 1e-5);
+    for (const at::Tensor& t : {out, save_mean, save_var, reserve}) {
+      EXPECT_TRUE(is_fake(t));
+      EXPECT_EQ(t.device(), c10::Device(c10::kCUDA, 0));
+    }
+    EXPECT_EQ(out.sizes(), x.sizes());
+    EXPECT_EQ(out.scalar_type(), at::kHalf);
+    const int64_t stats = training ? 16 : 0;
+    EXPECT_EQ(save_mean.sizes(), c10::IntArrayRef({stats})) << training;
+    EXPECT_EQ(save_var.sizes(), c10::IntArrayRef({stats})) << training;
+    EXPECT_EQ(save_mean.scalar_type(), at::kFloat);
+    EXPECT_EQ(reserve.numel(), 0);
+    EXPECT_EQ(reserve.scalar_type(), at::kByte);
+  }
+}
+
 TEST(FakeLlama, The70BShapeHasTheExpectedParameterCountAndNoStorage) {
   const models::LlamaConfig config = models::LlamaConfig::named("llama3-70b");
   FakeMode mode(at::kCUDA);
