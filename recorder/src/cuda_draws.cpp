@@ -10,6 +10,7 @@
 #endif
 
 #include <ATen/Context.h>
+#include <ATen/core/Generator.h>
 #include <ATen/core/stack.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/ops/empty_strided.h>
@@ -21,6 +22,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <tuple>
 #include <utility>
 
