@@ -23,7 +23,6 @@
 #include <limits>
 #include <map>
 #include <mutex>
-#include <tuple>
 #include <utility>
 
 namespace torchdefer {
@@ -110,6 +109,15 @@ CudaSampler::CudaSampler(c10::DeviceIndex device, uint64_t seed, std::shared_ptr
   description_ = c10::str(node.op.schema().operator_name(), " on ", describe(target));
 }
 
+// Unlinked oldest-last in a loop: a chain of samplers per parameter of many models would take a
+// stack frame each if freed by nested destructors.
+CudaSampler::~CudaSampler() {
+  std::shared_ptr<CudaSampler> next = std::move(after_);
+  while (next && next.use_count() == 1) {
+    next = std::move(next->after_);
+  }
+}
+
 // Resolved oldest first: a model's chain can hold a sampler per parameter.
 uint64_t CudaSampler::end() {
   const std::lock_guard<std::recursive_mutex> lock(draws_mutex());
@@ -128,6 +136,13 @@ uint64_t CudaSampler::end() {
 void CudaSampler::offer(uint64_t end) {
   const std::lock_guard<std::recursive_mutex> lock(draws_mutex());
   if (end_) {
+    // Run again (a replay after a scratch run): its increment must not have changed, or every op
+    // placed after it would be placed wrong.
+    TORCH_CHECK(*end_ == end, "torchdefer: ", description_, " moved CUDA's generator to offset ",
+                end, " where an earlier run of it at the same place ended at ", *end_,
+                ": its increment depends on more than its place (its inputs' values?), so the "
+                "random ops recorded after it cannot be placed. Record with cuda_draws=\"cpu\" "
+                "(C++: CudaDraws::kCpuGenerator), or materialize in counter RNG mode.");
     return;
   }
   end_ = end;
@@ -213,7 +228,10 @@ bool same_place(const CudaPlace& a, const CudaPlace& b) {
 // what any draw between two ops adds), each naming a place of the chain. Finding the generator
 // at an earlier mark is a restore to that place; anywhere else that is not the current mark, a
 // reseed (another seed, or a smaller offset) or a draw. Paying sets the generator to the place the
-// mark it holds names, resolved.
+// mark it holds names, resolved. Marks are never numbered again, nor forgotten, for as long as the
+// process lives (an entry per op placed while owed): a state saved while owed, without the
+// wrapper of Note [The generator's state read while recording], may be restored after the debt
+// was paid or after a reseed, and still names its place.
 constexpr uint64_t kFirstMark = uint64_t{1} << 62;
 constexpr int kMarkShift = 32;
 
@@ -226,7 +244,12 @@ struct DeviceChain {
   std::shared_ptr<CudaSampler> after;  // the chain continues `offset` past its end
   uint64_t offset = 0;
   // The places the marks name, in mark order (Note [Marks of an owed CUDA generator]).
-  std::vector<std::pair<std::shared_ptr<CudaSampler>, uint64_t>> marks;
+  struct Marked {
+    uint64_t seed;
+    std::shared_ptr<CudaSampler> after;
+    uint64_t offset;
+  };
+  std::vector<Marked> marks;
   std::optional<CudaLaunchLimits> limits;
   bool limits_read = false;
 };
@@ -238,12 +261,13 @@ std::map<c10::DeviceIndex, DeviceChain>& device_chains() {
 
 // The index of the mark `place` holds, if it holds one of `chain`'s.
 std::optional<size_t> mark_of(const DeviceChain& chain, const CudaPlace& place) {
-  if (place.seed != chain.seed || place.offset < kFirstMark) {
+  if (place.offset < kFirstMark) {
     return std::nullopt;
   }
   const uint64_t past = place.offset - kFirstMark;
   const uint64_t index = past >> kMarkShift;
-  if ((past & ((uint64_t{1} << kMarkShift) - 1)) != 0 || index >= chain.marks.size()) {
+  if ((past & ((uint64_t{1} << kMarkShift) - 1)) != 0 || index >= chain.marks.size() ||
+      chain.marks[index].seed != place.seed) {
     return std::nullopt;
   }
   return static_cast<size_t>(index);
@@ -252,7 +276,7 @@ std::optional<size_t> mark_of(const DeviceChain& chain, const CudaPlace& place) 
 // Parks the generator at a new mark naming the chain's place.
 void park(DeviceChain& chain, at::Generator& generator) {
   chain.left = {chain.seed, kFirstMark + (uint64_t{chain.marks.size()} << kMarkShift)};
-  chain.marks.emplace_back(chain.after, chain.offset);
+  chain.marks.push_back({chain.seed, chain.after, chain.offset});
   const std::lock_guard<std::mutex> lock(generator.mutex());
   generator.set_offset(chain.left.offset);
 }
@@ -274,7 +298,6 @@ void start_at(DeviceChain& chain, c10::DeviceIndex device, const CudaPlace& now)
   chain.seed = now.seed;
   chain.after.reset();
   chain.offset = now.offset;
-  chain.marks.clear();
 }
 
 // Brings the chain to where the generator is now: unchanged, back at an earlier mark, or moved.
@@ -283,7 +306,10 @@ void follow(DeviceChain& chain, c10::DeviceIndex device, const CudaPlace& now) {
     return;
   }
   if (const std::optional<size_t> mark = mark_of(chain, now); chain.started && mark) {
-    std::tie(chain.after, chain.offset) = chain.marks[*mark];
+    const DeviceChain::Marked& marked = chain.marks[*mark];
+    chain.seed = marked.seed;
+    chain.after = marked.after;
+    chain.offset = marked.offset;
     chain.left = now;
     return;
   }
@@ -339,39 +365,46 @@ RecordedDraws place_on_cuda_generator(OpGraph& graph, const RecordedNode& node,
   if (!has_cuda() || device >= at::detail::getCUDAHooks().getNumGPUs()) {
     return draws;  // no generator to read: counter mode only (cuda_place() says so)
   }
-  const std::lock_guard<std::recursive_mutex> lock(draws_mutex());
-  DeviceChain& chain = device_chains()[device];
-  at::Generator generator = cuda_generator(device);
-  follow(chain, device, read_generator(generator));
-  draws.cuda_device = static_cast<int8_t>(device);
-  draws.cuda_seed = chain.seed;
-  draws.offset = chain.offset;
-  if (chain.after) {
-    const auto graph_lock = graph.lock();
-    draws.anchor = graph.add_cuda_sampler(chain.after);
-  }
-  if (const std::optional<uint64_t> increment =
-          computed_increment(node, target, launch_limits(chain, device))) {
-    draws.draws = *increment;
-    chain.offset += *increment;
-  } else {
-    auto sampler = std::make_shared<CudaSampler>(device, chain.seed, chain.after, chain.offset,
-                                                 node, target, tensors);
-    {
-      const auto graph_lock = graph.lock();
-      draws.end_anchor = graph.add_cuda_sampler(sampler);
+  // The samplers the op is placed after and, if it is one, its own; added to the graph after the
+  // process-wide lock is released: a torch-mode replay holds the graph's lock while it takes that
+  // one (Materialization's shards), so the graph's comes first or alone.
+  std::shared_ptr<CudaSampler> after;
+  std::shared_ptr<CudaSampler> own;
+  bool owed = false;
+  {
+    const std::lock_guard<std::recursive_mutex> lock(draws_mutex());
+    DeviceChain& chain = device_chains()[device];
+    at::Generator generator = cuda_generator(device);
+    follow(chain, device, read_generator(generator));
+    draws.cuda_device = static_cast<int8_t>(device);
+    draws.cuda_seed = chain.seed;
+    draws.offset = chain.offset;
+    after = chain.after;
+    if (const std::optional<uint64_t> increment =
+            computed_increment(node, target, launch_limits(chain, device))) {
+      draws.draws = *increment;
+      chain.offset += *increment;
+    } else {
+      own = std::make_shared<CudaSampler>(device, chain.seed, chain.after, chain.offset, node,
+                                          target, tensors);
+      chain.after = own;
+      chain.offset = 0;
     }
-    chain.after = std::move(sampler);
-    chain.offset = 0;
+    owed = chain.after != nullptr;
+    if (owed) {
+      park(chain, generator);
+    } else {
+      chain.left = {chain.seed, chain.offset};
+      const std::lock_guard<std::mutex> generator_lock(generator.mutex());
+      generator.set_offset(chain.offset);  // where eager leaves it
+    }
   }
-  if (chain.after) {
-    park(chain, generator);
-  } else {
-    chain.left = {chain.seed, chain.offset};
-    const std::lock_guard<std::mutex> generator_lock(generator.mutex());
-    generator.set_offset(chain.offset);  // where eager leaves it
+  if (after || own) {
+    const auto graph_lock = graph.lock();
+    draws.anchor = after ? graph.add_cuda_sampler(std::move(after)) : -1;
+    draws.end_anchor = own ? graph.add_cuda_sampler(std::move(own)) : -1;
   }
-  if (!in_recording_scope && graph.exact_generator() && chain.after) {
+  if (!in_recording_scope && graph.exact_generator() && owed) {
     pay_cuda_generator_debt(device);  // as exact_generator does for the CPU generator
   }
   return draws;
@@ -422,7 +455,6 @@ void pay_cuda_generator_debt(c10::DeviceIndex device) {
   }
   const uint64_t end = chain.after->end() + chain.offset;
   chain.after.reset();
-  chain.marks.clear();
   chain.offset = end;
   chain.left = {chain.seed, end};
   const std::lock_guard<std::mutex> generator_lock(generator.mutex());

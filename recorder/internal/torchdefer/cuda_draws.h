@@ -101,11 +101,14 @@ class CudaSampler {
   CudaSampler(c10::DeviceIndex device, uint64_t seed, std::shared_ptr<CudaSampler> after,
               uint64_t offset, const RecordedNode& node, const at::Tensor& target,
               c10::ArrayRef<at::Tensor> tensors);
+  ~CudaSampler();
+  CudaSampler(const CudaSampler&) = delete;
+  CudaSampler& operator=(const CudaSampler&) = delete;
 
   // Where its draws end, running it and every unresolved sampler before it on scratch first
   // (oldest first, under one process-wide lock).
   uint64_t end();
-  // A replay that ran it at its start offers the offset it left.
+  // A replay that ran it at its start offers the offset it left; a second offer must agree.
   void offer(uint64_t end);
   // For messages ("torchdefer::trunc_normal_ on cuda:0 float[4, 4]").
   const std::string& description() const { return description_; }
