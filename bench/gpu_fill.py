@@ -24,7 +24,6 @@ import torch
 
 from bench.harness import report
 
-REPO = Path(__file__).resolve().parent.parent
 BEGIN = report.OTHER_SECTIONS + "gpu_fill: begin -->"
 END = report.OTHER_SECTIONS + "gpu_fill: end -->"
 
@@ -168,10 +167,9 @@ def main(argv=None):
                        started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), rows=measure(args))
     text = section(results)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        report.write_json(args.json, results)
     if args.docs:
-        (REPO / "docs" / "benchmarks-gpu.json").write_text(json.dumps(results, indent=1) + "\n")
-        report.write_other_section(REPO / "docs" / "benchmarks.md", BEGIN, END, text)
+        report.write_docs_section("benchmarks-gpu.json", results, BEGIN, END, text)
     print(text)
     return 0
 

@@ -37,7 +37,6 @@ from torch import nn
 
 from bench.harness import models, report
 
-REPO = Path(__file__).resolve().parents[2]
 # Every parameter has this many columns, so that the fan-based inits (kaiming, xavier) see the
 # same fans at any --mb: a parameter of MB MiB has MB * 64 rows (128 MiB: 8192 x 4096).
 COLUMNS = 4096
@@ -317,10 +316,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         results.update(duration_s=time.time() - started, load_average_end=os.getloadavg()[0])
     text = section(results)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        report.write_json(args.json, results)
     if args.docs:
-        (REPO / "docs" / "benchmarks-init-speed.json").write_text(json.dumps(results, indent=1) + "\n")
-        report.write_other_section(REPO / "docs" / "benchmarks.md", BEGIN, END, text)
+        report.write_docs_section("benchmarks-init-speed.json", results, BEGIN, END, text)
     print(text)
     return 0
 

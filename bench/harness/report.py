@@ -604,6 +604,17 @@ def write_other_section(page: Path, begin: str, end: str, text: str) -> None:
     page.write_text(current.rstrip("\n") + "\n\n" + text)
 
 
+def write_json(path: Path, results: Dict[str, Any]) -> None:
+    path.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def write_docs_section(json_name: str, results: Dict[str, Any], begin: str, end: str, text: str) -> None:
+    """A harness's results as docs/`json_name` and its section of docs/benchmarks.md."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    write_json(docs / json_name, results)
+    write_other_section(docs / "benchmarks.md", begin, end, text)
+
+
 def other_sections(page: Path) -> str:
     text = page.read_text() if page.exists() else ""
     return "\n" + text[text.index(OTHER_SECTIONS):] if OTHER_SECTIONS in text else ""

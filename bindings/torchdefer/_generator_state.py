@@ -58,19 +58,10 @@ _open = 0
 _saved: List[Tuple[Any, str, Callable[..., Any]]] = []
 
 
-def _settled_first(function: Callable[..., Any], about_to_read: bool) -> Callable[..., Any]:
+def _settled_first(function: Callable[..., Any], settle: Callable[[], None]) -> Callable[..., Any]:
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _C._settle_default_generator(about_to_read)
-        return function(*args, **kwargs)
-
-    return wrapper
-
-
-def _cuda_paid_first(function: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _C._pay_cuda_generator_debts()
+        settle()
         return function(*args, **kwargs)
 
     return wrapper
@@ -81,14 +72,15 @@ def _install() -> None:
     for module in (torch, torch.random):
         for name in _NAMES:
             function = getattr(module, name)
-            wrapper = wrappers.setdefault(
-                id(function), _settled_first(function, about_to_read=name == "get_rng_state"))
+            about_to_read = name == "get_rng_state"
+            wrapper = wrappers.setdefault(id(function), _settled_first(
+                function, functools.partial(_C._settle_default_generator, about_to_read)))
             _saved.append((module, name, function))
             setattr(module, name, wrapper)
     for name in _CUDA_READS:
         function = getattr(torch.cuda, name)
         _saved.append((torch.cuda, name, function))
-        setattr(torch.cuda, name, _cuda_paid_first(function))
+        setattr(torch.cuda, name, _settled_first(function, _C._pay_cuda_generator_debts))
 
 
 def _uninstall() -> None:

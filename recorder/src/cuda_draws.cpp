@@ -2,6 +2,7 @@
 
 #include <torchdefer/boxed_arguments.h>
 #include <torchdefer/fake_tensor.h>
+#include <torchdefer/node_stack.h>
 #include <torchdefer/op_table.h>
 #include <torchdefer/torch_compat.h>
 
@@ -16,7 +17,6 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/ScalarType.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -90,15 +90,21 @@ CudaSampler::CudaSampler(c10::DeviceIndex device, uint64_t seed, std::shared_ptr
       seed_(seed),
       after_(std::move(after)),
       offset_(offset),
-      op_(node.op),
-      arguments_(node.arguments.vec()) {
+      arguments_(node.arguments.vec()),
+      inputs_(node.inputs.vec()) {
   for (c10::IValue& argument : arguments_) {
     if (argument.isGenerator()) {
       argument = c10::IValue();  // the default generator, which the run lends at its place
     }
-    // Placeholders in the tensors' places: the sampler holds no fake, and so no recording.
-    argument = map_tensors(argument, [](const at::Tensor&) { return at::Tensor(); });
   }
+  for (RecordedInput& input : inputs_) {
+    input.tensor = at::Tensor();  // the sampler holds no fake, and so no recording
+  }
+  node_.emplace(node);
+  node_->arguments = arguments_;
+  node_->inputs = inputs_;
+  node_->outputs = {};
+  node_->draws = nullptr;
   const RealOnlyGuard real_only;
   geometry_.reserve(tensors.size());
   for (const at::Tensor& t : tensors) {
@@ -147,44 +153,31 @@ void CudaSampler::offer(uint64_t end) {
   }
   end_ = end;
   after_.reset();  // its start is no longer needed: the chain before it can go
-  op_.reset();
+  node_.reset();
   arguments_.clear();
+  inputs_.clear();
   geometry_.clear();
 }
 
 void CudaSampler::run_on_scratch(uint64_t start) {
-  const c10::impl::ExcludeDispatchKeyGuard no_python_modes(
-      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
-                           c10::DispatchKey::PreDispatch}));
+  const NoPythonModesGuard no_python_modes;
   const RealOnlyGuard real_only;
   const c10::AutoGradMode no_grad(false);
   const c10::Device device(c10::kCUDA, device_);
-  const auto& schema = op_->schema().arguments();
-  // A factory under C++'s FakeMode gives no device (the mode's default is thread state): its device
-  // is the sampler's, as node_stack() gives a replayed one.
-  const bool has_tensor_inputs = std::any_of(geometry_.begin(), geometry_.end(),
-                                             [](const auto& meta) { return meta.has_value(); });
-  torch::jit::Stack stack;
-  size_t next = 0;
-  for (size_t i = 0; i < arguments_.size(); ++i) {
-    if (is_device_argument(schema[i]) &&
-        (arguments_[i].isDevice() || (arguments_[i].isNone() && !has_tensor_inputs))) {
-      stack.emplace_back(device);
-      continue;
-    }
-    stack.push_back(map_tensors(arguments_[i], [&](const at::Tensor&) {
-      const std::optional<at::Tensor>& meta = geometry_.at(next++);
-      if (!meta) {
-        return at::Tensor();
-      }
-      // Ones: valid probabilities, rates and counts alike; no CUDA kernel's increment reads them.
-      return at::empty_strided(meta->sizes(), meta->strides(), meta->options().device(device))
-          .fill_(1);
-    }));
-  }
+  torch::jit::Stack stack = node_stack(
+      *node_,
+      [&](size_t position, const RecordedInput&) {
+        const std::optional<at::Tensor>& meta = geometry_.at(position);
+        // Ones: valid probabilities, rates and counts alike; no CUDA kernel's increment reads them.
+        return meta ? at::empty_strided(meta->sizes(), meta->strides(),
+                                        meta->options().device(device))
+                          .fill_(1)
+                    : at::Tensor();
+      },
+      device);
   try {
-    const uint64_t end =
-        detail::with_cuda_generator_at(device_, {seed_, start}, [&] { op_->callBoxed(&stack); });
+    const uint64_t end = detail::with_cuda_generator_at(device_, {seed_, start},
+                                                        [&] { node_->op.callBoxed(&stack); });
     offer(end);
   } catch (c10::Error& e) {
     e.add_context(c10::str("torchdefer: ", description_,
@@ -212,6 +205,12 @@ void set_generator(at::Generator& generator, const CudaPlace& place) {
   const std::lock_guard<std::mutex> lock(generator.mutex());
   generator.set_current_seed(place.seed);
   generator.set_offset(place.offset);
+}
+
+// Moves the generator along its seed's stream, where eager has it or to a mark.
+void set_offset(at::Generator& generator, uint64_t offset) {
+  const std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_offset(offset);
 }
 
 bool same_place(const CudaPlace& a, const CudaPlace& b) {
@@ -277,8 +276,7 @@ std::optional<size_t> mark_of(const DeviceChain& chain, const CudaPlace& place) 
 void park(DeviceChain& chain, at::Generator& generator) {
   chain.left = {chain.seed, kFirstMark + (uint64_t{chain.marks.size()} << kMarkShift)};
   chain.marks.push_back({chain.seed, chain.after, chain.offset});
-  const std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_offset(chain.left.offset);
+  set_offset(generator, chain.left.offset);
 }
 
 // Starts the chain again at `now`, a state the recorder did not leave: what was owed is moot after
@@ -395,8 +393,7 @@ RecordedDraws place_on_cuda_generator(OpGraph& graph, const RecordedNode& node,
       park(chain, generator);
     } else {
       chain.left = {chain.seed, chain.offset};
-      const std::lock_guard<std::mutex> generator_lock(generator.mutex());
-      generator.set_offset(chain.offset);  // where eager leaves it
+      set_offset(generator, chain.offset);  // where eager leaves it
     }
   }
   if (after || own) {
@@ -457,8 +454,7 @@ void pay_cuda_generator_debt(c10::DeviceIndex device) {
   chain.after.reset();
   chain.offset = end;
   chain.left = {chain.seed, end};
-  const std::lock_guard<std::mutex> generator_lock(generator.mutex());
-  generator.set_offset(end);
+  set_offset(generator, end);
 }
 
 void pay_cuda_generator_debts() {

@@ -125,9 +125,7 @@ at::Tensor RngAnchor::state() {
 // computation: no Python dispatch mode the caller has active sees it or computes it instead (a
 // FakeTensorMode would have left a state the sampler never draws).
 void RngAnchor::resolve(const at::Tensor& start) {
-  const c10::impl::ExcludeDispatchKeyGuard no_python_modes(
-      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
-                           c10::DispatchKey::PreDispatch}));
+  const NoPythonModesGuard no_python_modes;
   if (generator_argument_ >= 0) {
     state_ = resolve_on_own_generator(start);
     forget_what_resolution_needed();

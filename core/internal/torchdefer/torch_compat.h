@@ -64,4 +64,19 @@ class RealOnlyGuard {
                                             c10::DispatchKeySet(kDeferredInitKey)};
 };
 
+// While alive, no Python dispatch mode the caller has active (a TorchDispatchMode, a
+// FakeTensorMode, the pre-dispatch tracer) sees the ops run or computes them instead: torchdefer's
+// own runs that resolve where a generator stands, which are not the user's program.
+class NoPythonModesGuard {
+ public:
+  NoPythonModesGuard() = default;
+  NoPythonModesGuard(const NoPythonModesGuard&) = delete;
+  NoPythonModesGuard& operator=(const NoPythonModesGuard&) = delete;
+
+ private:
+  c10::impl::ExcludeDispatchKeyGuard guard_{
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                           c10::DispatchKey::PreDispatch})};
+};
+
 }  // namespace torchdefer

@@ -122,8 +122,9 @@ class CudaSampler {
   uint64_t offset_;  // past after_'s end, or the absolute offset when there is none
   std::optional<uint64_t> end_;
   // What running it needs, dropped once it has run.
-  std::optional<c10::OperatorHandle> op_;
+  std::optional<RecordedNode> node_;  // viewing the two lists after it
   std::vector<c10::IValue> arguments_;
+  std::vector<RecordedInput> inputs_;                // without the tensors they held
   std::vector<std::optional<at::Tensor>> geometry_;  // meta stand-ins, per tensor input
   std::string description_;
 };
